@@ -1,0 +1,3 @@
+from llmlab.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""What every lab shares: devices, timing, telemetry, results, rendering, specs, models."""

@@ -1,0 +1,1 @@
+"""The algorithms the labs measure: sampling, decoding, speculative decoding."""

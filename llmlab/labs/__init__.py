@@ -1,0 +1,1 @@
+"""One module per lab. Each exposes `Config` (with `.quick()`), `run(cfg, device, progress)`."""
