@@ -1,0 +1,56 @@
+# llmlab: `make install`, `make test`, `make all-labs`, `make lab-NAME`, `make gpu-check`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+LLMLAB  := $(BIN)/llmlab
+OUT     ?= results
+# The CPU build of torch (small, on this disk); a GPU machine takes the default CUDA build.
+TORCH_CPU ?= torch==2.13.0
+LABS    := gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative
+HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: install test lint all-labs gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+ifeq ($(HAVE_GPU),1)
+	$(BIN)/python -m pip install -q torch
+else
+	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH_CPU)
+endif
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+test: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check llmlab tests
+
+# Every lab that exists, full run, into results/ (one folder per lab).
+all-labs: install
+	@for lab in $(LABS); do \
+	  if $(LLMLAB) $$lab --help >/dev/null 2>&1; then \
+	    echo "== llmlab $$lab"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --out $(OUT) || exit $$?; \
+	  fi; \
+	done
+
+lab-%: install
+	HF_HUB_OFFLINE=1 $(LLMLAB) $* --out $(OUT)
+
+# The one command to run on a GPU machine: every lab in --quick mode on cuda.
+gpu-check: install
+	@for lab in $(LABS); do \
+	  if $(LLMLAB) $$lab --help >/dev/null 2>&1; then \
+	    echo "== llmlab $$lab --device cuda --quick"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --device cuda --quick --out $(OUT) || exit $$?; \
+	  fi; \
+	done
+
+bench-%: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

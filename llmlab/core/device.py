@@ -1,0 +1,297 @@
+"""Device resolution (`--device auto|cpu|cuda|cuda:N`, `--gpu N`), synchronisation, the device card.
+
+References:
+- torch.cuda.get_device_properties: name, SM count, memory, L2 size.
+- NVML (nvidia-ml-py): max clocks, driver version.
+- /proc/cpuinfo, os.sched_getaffinity, /sys/devices/system/cpu/cpu0/cache: the CPU card.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from llmlab.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Device:
+    """A resolved device: `cpu` or `cuda:N`. Construct through `resolve_device`."""
+
+    spec: str  # "cpu" or "cuda:N"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.spec.startswith("cuda")
+
+    @property
+    def index(self) -> int | None:
+        return int(self.spec.split(":")[1]) if self.is_cuda else None
+
+    @property
+    def torch(self):
+        """The `torch.device` for this device."""
+        import torch
+
+        return torch.device(self.spec)
+
+    @property
+    def kind(self) -> str:
+        return "cuda" if self.is_cuda else "cpu"
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.torch)
+
+    @cached_property
+    def name(self) -> str:
+        if self.is_cuda:
+            import torch
+
+            return torch.cuda.get_device_name(self.index)
+        return cpu_model_name()
+
+    def total_memory_bytes(self) -> int:
+        """Device memory (GPU) or physical RAM (CPU)."""
+        if self.is_cuda:
+            import torch
+
+            return torch.cuda.get_device_properties(self.index).total_memory
+        return _meminfo_bytes("MemTotal")
+
+    def free_memory_bytes(self) -> int:
+        if self.is_cuda:
+            import torch
+
+            free, _ = torch.cuda.mem_get_info(self.index)
+            return free
+        return _meminfo_bytes("MemAvailable")
+
+    def slug(self) -> str:
+        """A short file-name-safe label: `cpu-amd-epyc-7b13` or `cuda0-nvidia-h200`."""
+        base = "cpu" if not self.is_cuda else f"cuda{self.index}"
+        words = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        words = re.sub(r"-?(r\)|tm|\(r\)|cpu|processor|core-s?)-?", "-", words).strip("-")
+        return f"{base}-{'-'.join(words.split('-')[:4])}" if words else base
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _available() -> str:
+    n = cuda_device_count()
+    gpus = ", ".join(f"cuda:{i}" for i in range(n))
+    return f"available: cpu{', ' + gpus if gpus else ' (no CUDA GPU found)'}"
+
+
+def resolve_device(device: str = "auto", gpu: int | None = None) -> Device:
+    """Turn the CLI's `--device`/`--gpu` into a Device, or raise UsageError naming what exists."""
+    device = (device or "auto").strip().lower()
+    if gpu is not None:
+        if device not in ("auto", "cuda", f"cuda:{gpu}"):
+            raise UsageError(f"--gpu {gpu} contradicts --device {device}; give one of them")
+        device = f"cuda:{gpu}"
+    if device == "auto":
+        return Device("cuda:0") if cuda_device_count() > 0 else Device("cpu")
+    if device == "cpu":
+        return Device("cpu")
+    m = re.fullmatch(r"cuda(?::(-?\d+))?", device)
+    if not m:
+        raise UsageError(f"unknown device '{device}': use auto, cpu, cuda or cuda:N ({_available()})")
+    idx = int(m.group(1) or 0)
+    n = cuda_device_count()
+    if idx < 0 or idx >= n:
+        what = f"GPU {idx}" if m.group(1) is not None or gpu is not None else "CUDA"
+        raise UsageError(f"{what} is not available on this machine ({_available()})")
+    return Device(f"cuda:{idx}")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for out-of-memory errors on any device (CUDA OOM, CPU allocator failures)."""
+    import torch
+
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    msg = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
+
+
+# ---------------------------------------------------------------- the CPU card
+
+
+def _meminfo_bytes(key: str) -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if ":" in line:
+                k, v = (s.strip() for s in line.split(":", 1))
+                info.setdefault(k, v)
+            elif not line.strip() and info:
+                break  # the first processor block is enough
+    except OSError:
+        pass
+    return info
+
+
+def cpu_model_name() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "cpu"
+
+
+def cpu_flags() -> set[str]:
+    return set(_cpuinfo().get("flags", "").split())
+
+
+def cpu_isa() -> dict[str, bool]:
+    f = cpu_flags()
+    return {
+        "avx2": "avx2" in f,
+        "fma": "fma" in f,
+        "avx512f": "avx512f" in f,
+        "avx512_bf16": "avx512_bf16" in f,
+        "amx_bf16": "amx_bf16" in f,
+        "amx_tile": "amx_tile" in f,
+        "neon": platform.machine() in ("aarch64", "arm64"),
+    }
+
+
+def cpu_cores() -> dict[str, int]:
+    """Usable logical CPUs (affinity), and physical cores where /proc/cpuinfo tells them."""
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    physical = set()
+    try:
+        phys = core = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("physical id"):
+                phys = line.split(":")[1].strip()
+            elif line.startswith("core id"):
+                core = line.split(":")[1].strip()
+            elif not line.strip() and core is not None:
+                physical.add((phys, core))
+                phys = core = None
+    except OSError:
+        pass
+    return {"logical": logical, "physical": min(len(physical), logical) if physical else logical}
+
+
+def cpu_caches() -> dict[str, int]:
+    """Cache sizes in bytes per level and type, from sysfs (per instance, as cpu0 sees them)."""
+    out: dict[str, int] = {}
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(root.glob("index*")):
+        try:
+            level = (idx / "level").read_text().strip()
+            typ = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size[-1], 1)
+        value = int(size[:-1]) * mult if size[-1] in "KMG" else int(size)
+        key = f"L{level}" + ({"Data": "d", "Instruction": "i"}.get(typ, ""))
+        out[key] = value
+    return out
+
+
+def last_level_cache_bytes(device: Device) -> int:
+    """GPU L2, or the CPU's largest cache (an L3 is shared: this is what one CPU sees)."""
+    if device.is_cuda:
+        import torch
+
+        return int(getattr(torch.cuda.get_device_properties(device.index), "L2_cache_size", 50 * 2**20))
+    caches = cpu_caches()
+    return max(caches.values()) if caches else 32 * 2**20
+
+
+def cpu_max_mhz() -> float | None:
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000
+    except (OSError, ValueError):
+        pass
+    mhz = _cpuinfo().get("cpu MHz")
+    return float(mhz) if mhz else None
+
+
+# ---------------------------------------------------------------- the card
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("llmlab", "torch", "transformers", "tokenizers", "typer", "rich", "pandas", "plotext", "nvidia-ml-py"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def device_card(device: Device) -> dict:
+    """Everything a reader needs to know about the hardware a result came from."""
+    import torch
+
+    card: dict = {"device": device.spec, "name": device.name, "platform": platform.platform()}
+    if device.is_cuda:
+        p = torch.cuda.get_device_properties(device.index)
+        card.update(
+            compute_capability=f"{p.major}.{p.minor}",
+            sm_count=p.multi_processor_count,
+            memory_bytes=p.total_memory,
+            l2_bytes=getattr(p, "L2_cache_size", None),
+            cuda_runtime=torch.version.cuda,
+        )
+        card.update(_nvml_card(device.index))
+    card["cpu"] = {
+        "model": cpu_model_name(),
+        **cpu_cores(),
+        "isa": cpu_isa(),
+        "caches_bytes": cpu_caches(),
+        "max_mhz": cpu_max_mhz(),
+        "memory_bytes": _meminfo_bytes("MemTotal"),
+        "torch_threads": torch.get_num_threads(),
+    }
+    card["versions"] = versions()
+    return card
+
+
+def _nvml_card(index: int) -> dict:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        out = {
+            "driver": _s(pynvml.nvmlSystemGetDriverVersion()),
+            "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+            "max_mem_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+            "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+        }
+        try:
+            out["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        except pynvml.NVMLError:
+            pass
+        return out
+    except Exception as exc:  # NVML missing or failing: the card says so instead of guessing
+        return {"nvml": f"unavailable ({type(exc).__name__})"}
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -1,0 +1,236 @@
+"""LabResult and Claim: what a lab returns, its JSON form, and atomic saving under results/.
+
+A result file is `results/<lab>/<UTC stamp>-<device slug>.json`, with one CSV per table beside
+it (`<stem>.<table>.csv`). Every file is written to a temporary name in the same folder and
+renamed into place (os.replace is atomic on POSIX), so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1  # bump when the JSON layout changes
+
+
+@dataclass
+class Claim:
+    """One statement the measurement supports or refutes.
+
+    `holds` is True (holds), False (does not hold) or None (not measured here: `note` says why).
+    """
+
+    text: str
+    expected: str
+    measured: str
+    holds: bool | None
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return {True: "holds", False: "does not hold", None: "not measured"}[self.holds]
+
+
+@dataclass
+class Chart:
+    """A chart, declared as data: the renderer draws it from `table` with plotext.
+
+    kind: "line" | "scatter" | "bar" | "stacked". `y` is one column or several (one series
+    each; for "stacked" the stacked parts). `series` splits rows into one line per value.
+    """
+
+    title: str
+    table: str
+    x: str
+    y: str | list[str]
+    kind: str = "line"
+    series: str | None = None
+    logx: bool = False
+    logy: bool = False
+    xlabel: str = ""
+    ylabel: str = ""
+
+
+@dataclass
+class LabResult:
+    lab: str
+    version: int  # the lab's measurement-method version: bump it when the way of measuring changes
+    config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    claims: list[Claim] = field(default_factory=list)
+    charts: list[Chart] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @classmethod
+    def new(cls, lab: str, version: int, cfg: Any) -> LabResult:
+        config = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+        return cls(lab=lab, version=version, config=config)
+
+    # -- building
+    def add_table(self, name: str, rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+        df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+        self.tables[name] = df
+        return df
+
+    def claim(self, text: str, expected: str, measured: str, holds: bool | None, note: str = "") -> Claim:
+        c = Claim(text, expected, measured, None if holds is None else bool(holds), note)
+        self.claims.append(c)
+        return c
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    @contextmanager
+    def guard(self) -> Iterator[LabResult]:
+        """Wrap a lab's body: Ctrl-C marks the result interrupted and keeps what was measured."""
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.notes.append("interrupted (Ctrl-C): the tables hold what was measured before it")
+
+    # -- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "lab": self.lab,
+            "version": self.version,
+            "interrupted": self.interrupted,
+            "env": self.env,
+            "config": self.config,
+            "claims": [asdict(c) | {"verdict": c.verdict} for c in self.claims],
+            "notes": self.notes,
+            "charts": [asdict(c) for c in self.charts],
+            "tables": {name: _table_to_json(df) for name, df in self.tables.items()},
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(_clean(self.to_dict()), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LabResult:
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"result schema {d.get('schema_version')} is not {SCHEMA_VERSION}")
+        return cls(
+            lab=d["lab"],
+            version=d["version"],
+            config=d.get("config", {}),
+            env=d.get("env", {}),
+            tables={name: _table_from_json(t) for name, t in d.get("tables", {}).items()},
+            claims=[Claim(**{k: v for k, v in c.items() if k != "verdict"}) for c in d.get("claims", [])],
+            charts=[Chart(**c) for c in d.get("charts", [])],
+            notes=list(d.get("notes", [])),
+            interrupted=bool(d.get("interrupted", False)),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> LabResult:
+        return cls.from_dict(json.loads(text))
+
+    # -- saving
+    def save(self, out_dir: Path | str, device_slug: str) -> Path:
+        """Write JSON + one CSV per table under out_dir/<lab>/, atomically. Returns the JSON path."""
+        folder = Path(out_dir) / self.lab
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = self.env.get("utc_stamp") or utc_stamp()
+        stem = f"{stamp}-{device_slug}"
+        for name, df in self.tables.items():
+            buf = io.StringIO()
+            df.to_csv(buf, index=False)
+            atomic_write(folder / f"{stem}.{name}.csv", buf.getvalue())
+        path = folder / f"{stem}.json"
+        atomic_write(path, self.to_json() + "\n")
+        return path
+
+
+def utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_writable(out_dir: Path) -> None:
+    """Raise OSError-derived UsageError text early if results could not be saved in out_dir."""
+    from llmlab.core.errors import UsageError
+
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        if not out_dir.parent.exists():
+            raise UsageError(f"--out {out_dir}: the parent folder {out_dir.parent} does not exist")
+        try:
+            out_dir.mkdir()
+        except OSError as exc:
+            raise UsageError(f"--out {out_dir}: cannot create it ({exc.strerror})") from None
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir}: not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".llmlab-write-test.")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise UsageError(f"--out {out_dir}: not writable ({exc.strerror})") from None
+
+
+def command_line() -> str:
+    import shlex
+
+    argv = [Path(sys.argv[0]).name if sys.argv else "llmlab", *sys.argv[1:]]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+# -- JSON helpers: tables as column lists, NaN/inf as null (strict JSON)
+
+
+def _table_to_json(df: pd.DataFrame) -> dict[str, Any]:
+    return {"columns": [str(c) for c in df.columns], "rows": df.astype(object).values.tolist()}
+
+
+def _table_from_json(t: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame(t["rows"], columns=t["columns"])
+
+
+def _clean(o: Any) -> Any:
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if hasattr(o, "item") and callable(o.item):  # numpy / torch scalars
+        try:
+            return _clean(o.item())
+        except (ValueError, TypeError):
+            return str(o)
+    if isinstance(o, Path):
+        return str(o)
+    if o is None or isinstance(o, (str, int, bool)):
+        return o
+    if o is pd.NA or o is pd.NaT:
+        return None
+    return str(o)

@@ -1,0 +1,123 @@
+"""The built-in pair's corpus: text that every Python install carries, built deterministically.
+
+Three parts, in a fixed order (sorted names), so the same Python version always yields the same bytes:
+- `pydoc_data.topics`: the English help topics of the language reference (what `help("if")` shows);
+- the docstrings of the standard library, read with `ast` (no import: no side effects, no platform
+  differences between importable modules);
+- a slice of standard-library source: code is very predictable, which helps a small draft agree
+  with its target (see DESIGN.md, speculative decoding).
+
+Documents are split into train / held-out by a hash of their name, so the held-out slice is whole
+documents the models never saw, and stays the same when the corpus grows.
+
+References:
+- https://docs.python.org/3/library/ast.html#ast.get_docstring
+- https://docs.python.org/3/library/pydoc.html (pydoc_data.topics)
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+EOT = "<|endoftext|>"  # the document separator, also the tokenizer's special end-of-text token
+
+# Folders of the standard library left out: tests are huge and repetitive, the rest is vendored
+# or platform-specific code, not the library's own English.
+_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "lib2to3", "ensurepip",
+              "__pycache__", "turtledemo", "pydoc_data", "encodings", "config-3"}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    train: list[str]  # documents, each a string without the EOT separator
+    heldout: list[str]
+
+    def train_text(self) -> str:
+        return EOT.join(self.train)
+
+    def heldout_text(self) -> str:
+        return EOT.join(self.heldout)
+
+    def sha256(self) -> str:
+        """A fingerprint of the exact text, recorded in the model card."""
+        h = hashlib.sha256()
+        for part in (self.train_text(), "\0", self.heldout_text()):
+            h.update(part.encode("utf-8"))
+        return h.hexdigest()[:16]
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's .py files, sorted by relative path."""
+    root = stdlib_root()
+    files = [p for p in root.rglob("*.py") if not (_SKIP_DIRS & set(p.relative_to(root).parts[:-1]))]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def topic_documents() -> list[tuple[str, str]]:
+    from pydoc_data.topics import topics
+
+    return [(f"topic:{k}", topics[k].strip()) for k in sorted(topics)]
+
+
+def docstring_documents(files: list[Path]) -> list[tuple[str, str]]:
+    """One document per module: its docstrings (module, classes, functions) in source order."""
+    docs = []
+    root = stdlib_root()
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue  # a few stdlib files are templates or use another encoding: skip them
+        parts = []
+        for node in [tree, *ast.walk(tree)]:
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=True)
+                if doc and len(doc) >= 40:  # one-liners like "Return x." teach little
+                    parts.append(doc if isinstance(node, ast.Module) else f"{node.name}: {doc}")
+        if parts:
+            docs.append((f"doc:{path.relative_to(root).as_posix()}", "\n\n".join(dict.fromkeys(parts))))
+    return docs
+
+
+def source_documents(files: list[Path], max_bytes: int) -> list[tuple[str, str]]:
+    """Source of the smallest-first modules until max_bytes: many whole files beat a few big ones."""
+    docs, total = [], 0
+    root = stdlib_root()
+    for path in sorted(files, key=lambda p: (p.stat().st_size, p.relative_to(root).as_posix())):
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except (UnicodeDecodeError, ValueError):
+            continue
+        if len(text) < 200 or EOT in text:
+            continue
+        if total + len(text) > max_bytes:
+            break
+        docs.append((f"src:{path.relative_to(root).as_posix()}", text))
+        total += len(text)
+    return sorted(docs)
+
+
+def heldout_of(name: str, fraction: float) -> bool:
+    """Deterministic split by document name (not Python's salted hash())."""
+    digest = hashlib.sha256(name.encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < fraction
+
+
+def build_corpus(heldout_fraction: float = 0.05, source_bytes: int = 1_500_000) -> Corpus:
+    """Topics + docstrings + source; 5 % of documents held out (about 150 kB: enough for a stable
+    loss estimate, small enough that evaluation takes seconds). 1.5 MB of source roughly doubles
+    the ~1.5 MB of English, so the models see both without code dominating."""
+    files = stdlib_files()
+    docs = topic_documents() + docstring_documents(files) + source_documents(files, source_bytes)
+    train, held = [], []
+    for name, text in docs:
+        (held if heldout_of(name, heldout_fraction) else train).append(text.replace(EOT, ""))
+    return Corpus(train=train, heldout=held)

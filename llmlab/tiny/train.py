@@ -1,0 +1,295 @@
+"""Train the built-in pair: a ~6 M Llama target (`tiny`) and a ~1 M draft (`tiny-draft`) distilled from it.
+
+In reading order: `build_data` (corpus -> tokenizer -> id streams) -> `train_target` (next-token
+cross-entropy) -> `distill_draft` (KL to the target's logits, which is what raises greedy agreement)
+-> `train_pair` (both, saved as HF folders, then evaluated and the model card written).
+
+Calibration on a 2-core AVX2 CPU (DESIGN.md): a 6 x 256 Llama trains at ~1.7 s per step of
+16 x 128 tokens... measured at 32 x 128; 16 x 128 is about half that. The schedule is AdamW with a
+linear warm-up and a cosine decay to 10 %, the usual recipe for small models at a high learning rate.
+
+References:
+- nanoGPT train.py (warm-up + cosine schedule, AdamW, gradient clipping): https://github.com/karpathy/nanoGPT
+- Hinton et al. 2015, Distilling the Knowledge in a Neural Network: https://arxiv.org/abs/1503.02531
+- Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding (why agreement
+  matters): https://arxiv.org/abs/2211.17192
+- DistillSpec (Zhou et al. 2023), distilling a draft for agreement: https://arxiv.org/abs/2310.08461
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from llmlab.tiny.corpus import Corpus, build_corpus, topic_documents
+from llmlab.tiny.tokenizer import VOCAB_SIZE, encode_documents, save_tokenizer, train_tokenizer
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A Llama shape. head_dim = hidden / heads."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+
+    def llama_config(self, vocab_size: int, eot_id: int = 0):
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=8192,  # labs sweep prompts up to 4096 tokens; RoPE extends past training length
+            rope_theta=10000.0,  # the original RoPE base: plenty for 8 K positions at this size
+            rms_norm_eps=1e-5,  # Llama-2's value
+            tie_word_embeddings=True,  # the 4096 x hidden embedding is a big share of a tiny model: share it
+            bos_token_id=eot_id,
+            eos_token_id=eot_id,
+            pad_token_id=eot_id,
+            torch_dtype="float32",
+        )
+
+
+# The target: 6 layers give it depth (and a per-token decode cost the draft can undercut by 4x);
+# width 256 with 4 heads of 64 and 2 KV heads is GQA at the smallest sensible size; SwiGLU at 3x width.
+TARGET_ARCH = Arch(layers=6, hidden=256, intermediate=768, heads=4, kv_heads=2)
+# The draft: one layer, because on a CPU per-token decode time is mostly per-layer overhead, so
+# depth (not width) sets the cost ratio c; width 192 buys back some quality at almost no cost.
+DRAFT_ARCH = Arch(layers=1, hidden=192, intermediate=576, heads=3, kv_heads=1)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0  # fixed: the same Python version + seed + steps reproduce the shipped pair
+    target: Arch = TARGET_ARCH
+    draft: Arch = DRAFT_ARCH
+    vocab_size: int = VOCAB_SIZE  # see tokenizer.py
+    corpus: str = "full"  # "full" (topics + docstrings + source) or "topics" (fast, for tests)
+    seq_len: int = 128  # short windows: attention is cheap and more steps fit in the budget
+    batch_size: int = 16  # 2 K tokens a step: many small steps beat few big ones on a small budget
+    target_lr: float = 3e-3  # tiny models tolerate (and need) a high LR with warm-up
+    draft_lr: float = 3e-3
+    warmup_frac: float = 0.05  # 5 % of steps of linear warm-up keeps the first high-LR steps stable
+    min_lr_frac: float = 0.1  # cosine decays to 10 % of peak, not to zero (nanoGPT)
+    weight_decay: float = 0.1  # AdamW default for GPT-style training
+    grad_clip: float = 1.0  # guards the high-LR start
+    distill_temperature: float = 1.0  # T = 1: match the target's distribution as is; argmax is what counts
+    target_steps: int = 600  # the shipped run's steps (see MODEL_CARD.md); --minutes overrides
+    draft_steps: int = 800
+    minutes: float | None = None  # a wall-clock budget: steps are sized from a timed trial step
+    target_share: float = 2 / 3  # of the budget, for the target (the draft is 5x cheaper per step)
+    threads: int | None = None  # torch threads; None keeps torch's default
+    eval_tokens: int = 32_768  # held-out tokens for the loss: a stable estimate in seconds
+
+    @classmethod
+    def micro(cls) -> TrainConfig:
+        """Seconds on 2 cores: what the tests run (topics only, toy shapes, a few steps)."""
+        tiny = Arch(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=1)
+        return cls(target=tiny, draft=tiny, vocab_size=512, corpus="topics", seq_len=32, batch_size=8,
+                   target_steps=30, draft_steps=10, eval_tokens=2048, warmup_frac=0.1)
+
+
+@dataclass
+class Data:
+    tokenizer: object
+    train_ids: torch.Tensor  # (N,) int64, documents joined by <|endoftext|>
+    heldout_ids: torch.Tensor
+    heldout_docs: list[str]
+    corpus_sha256: str
+    train_bytes: int
+    heldout_bytes: int
+
+
+# progress callback: (phase, step, total_steps, loss)
+OnStep = Callable[[str, int, int, float], None]
+
+
+def build_data(cfg: TrainConfig) -> Data:
+    import torch
+
+    if cfg.corpus == "topics":
+        docs = [t for _, t in topic_documents()]
+        corpus = Corpus(train=docs[4:], heldout=docs[:4])
+    else:
+        corpus = build_corpus()
+    tok = train_tokenizer(corpus.train, cfg.vocab_size)
+    train_ids = torch.tensor(encode_documents(tok, corpus.train), dtype=torch.long)
+    held_ids = torch.tensor(encode_documents(tok, corpus.heldout), dtype=torch.long)
+    return Data(tok, train_ids, held_ids, corpus.heldout, corpus.sha256(),
+                len(corpus.train_text().encode()), len(corpus.heldout_text().encode()))
+
+
+def lr_at(step: int, total: int, peak: float, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to min_lr_frac * peak."""
+    warm = max(1, int(cfg.warmup_frac * total))
+    if step < warm:
+        return peak * (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    return peak * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def batches(ids, cfg: TrainConfig, seed: int):
+    """Endless random windows of seq_len + 1 tokens: (B, T + 1)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(cfg.seq_len + 1)
+    while True:
+        starts = torch.randint(0, len(ids) - cfg.seq_len - 1, (cfg.batch_size,), generator=g)
+        yield ids[starts[:, None] + offsets]
+
+
+def new_model(arch: Arch, vocab_size: int, seed: int):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(arch.llama_config(vocab_size))
+
+
+def _optimizer(model, lr: float, cfg: TrainConfig):
+    import torch
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]  # no decay on norms
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=False)
+
+
+def _ce_step(model, batch):
+    import torch.nn.functional as F
+
+    logits = model(input_ids=batch[:, :-1]).logits  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def _kl_step(draft, target, batch, temperature: float):
+    """KL(target || draft) per token, on the target's soft labels."""
+    import torch
+    import torch.nn.functional as F
+
+    x = batch[:, :-1]
+    with torch.no_grad():
+        t_logp = F.log_softmax(target(input_ids=x).logits / temperature, dim=-1)  # (B, T, V)
+    d_logp = F.log_softmax(draft(input_ids=x).logits / temperature, dim=-1)
+    kl = F.kl_div(d_logp.flatten(0, 1), t_logp.flatten(0, 1), log_target=True, reduction="batchmean")
+    return kl * temperature**2
+
+
+def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, phase: str, on_step: OnStep | None):
+    import torch
+
+    opt = _optimizer(model, lr, cfg)
+    model.train()
+    losses = []
+    for step in range(total):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, total, lr, cfg)
+        loss = step_fn(next(data_iter))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        if on_step:
+            on_step(phase, step + 1, total, losses[-1])
+    model.eval()
+    return losses
+
+
+def _seconds_per_step(model, step_fn, cfg: TrainConfig, data_iter) -> float:
+    """Time one step on a throwaway copy (after one warm-up step), so the real run stays seeded."""
+    trial = copy.deepcopy(model)
+    opt = _optimizer(trial, 1e-4, cfg)
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        loss = step_fn(trial, next(data_iter))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t0)
+    return times[-1]
+
+
+def train_target(cfg: TrainConfig, data: Data, on_step: OnStep | None = None):
+    model = new_model(cfg.target, cfg.vocab_size, cfg.seed)
+    steps = cfg.target_steps
+    if cfg.minutes is not None:
+        sec = _seconds_per_step(model, _ce_step, cfg, batches(data.train_ids, cfg, cfg.seed + 100))
+        steps = max(10, int(cfg.minutes * 60 * cfg.target_share / sec))
+    losses = _run(model, lambda b: _ce_step(model, b), steps, cfg.target_lr, cfg,
+                  batches(data.train_ids, cfg, cfg.seed), "target", on_step)
+    return model, losses
+
+
+def distill_draft(cfg: TrainConfig, data: Data, target, on_step: OnStep | None = None):
+    draft = new_model(cfg.draft, cfg.vocab_size, cfg.seed + 1)
+    steps = cfg.draft_steps
+    T = cfg.distill_temperature
+    if cfg.minutes is not None:
+        sec = _seconds_per_step(draft, lambda m, b: _kl_step(m, target, b, T), cfg,
+                                batches(data.train_ids, cfg, cfg.seed + 101))
+        steps = max(10, int(cfg.minutes * 60 * (1 - cfg.target_share) / sec))
+    losses = _run(draft, lambda b: _kl_step(draft, target, b, T), steps, cfg.draft_lr, cfg,
+                  batches(data.train_ids, cfg, cfg.seed + 1), "draft", on_step)
+    return draft, losses
+
+
+def save_model(model, tokenizer, out: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no tqdm bar from save_pretrained under our own progress bar
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(out), safe_serialization=True)
+    save_tokenizer(tokenizer, out)
+
+
+@dataclass
+class TrainReport:
+    config: dict
+    target_steps: int
+    draft_steps: int
+    target_losses: list[float]
+    draft_losses: list[float]
+    target_seconds: float
+    draft_seconds: float
+    corpus_sha256: str
+    train_tokens: int
+    heldout_tokens: int
+    train_bytes: int
+    heldout_bytes: int
+    extra: dict = field(default_factory=dict)
+
+
+def train_pair(cfg: TrainConfig, out: Path, on_step: OnStep | None = None) -> tuple[TrainReport, Data]:
+    """Build the data, train `tiny`, distil `tiny-draft`, save both under out/tiny and out/tiny-draft."""
+    import torch
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(out)
+    data = build_data(cfg)
+    t0 = time.perf_counter()
+    target, t_losses = train_target(cfg, data, on_step)
+    t1 = time.perf_counter()
+    save_model(target, data.tokenizer, out / "tiny")
+    draft, d_losses = distill_draft(cfg, data, target, on_step)
+    t2 = time.perf_counter()
+    save_model(draft, data.tokenizer, out / "tiny-draft")
+    cfg_dict = asdict(replace(cfg, target_steps=len(t_losses), draft_steps=len(d_losses), minutes=None))
+    report = TrainReport(cfg_dict, len(t_losses), len(d_losses), t_losses, d_losses, t1 - t0, t2 - t1,
+                         data.corpus_sha256, len(data.train_ids), len(data.heldout_ids),
+                         data.train_bytes, data.heldout_bytes)
+    return report, data
