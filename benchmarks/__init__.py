@@ -1,0 +1,1 @@
+"""Benchmarks that print ratios against the peers (run by `make bench-NAME`)."""
