@@ -1,0 +1,188 @@
+"""Prefill and decode over a Hugging Face causal LM with a KV cache: a lean loop, gpt-fast style.
+
+Reading order: `forward` -> `prefill` -> `decode_one_token` -> `decode_n_tokens` -> `generate`.
+
+References:
+- gpt-fast generate.py (prefill / decode_one_token / decode_n_tokens).
+- transformers 5.x: the forward kwarg is `cache=` (`past_key_values=` is deprecated until 5.40);
+  `Cache.crop(-n)` removes the last n positions; `logits_to_keep=1` computes only the last
+  position's logits (the LM head over the whole prompt is wasted work in prefill).
+
+HF `generate` does the same work plus logits processors, stopping criteria and bookkeeping on
+every step; this loop is what is left when those are taken out, so the labs can compare both.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+_CACHE_KW: dict[type, str] = {}
+
+
+def new_cache(model=None):
+    """An empty DynamicCache (grows by concatenation; what HF generate uses by default)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config) if model is not None else DynamicCache()
+
+
+def _cache_kw(model) -> str:
+    cls = type(model)
+    if cls not in _CACHE_KW:
+        params = inspect.signature(model.forward).parameters
+        _CACHE_KW[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KW[cls]
+
+
+def forward(model, input_ids: torch.Tensor, cache, *, logits_to_keep: int = 1, **kw) -> torch.Tensor:
+    """One forward over `input_ids` (B, T) appending to `cache`; returns logits (B, logits_to_keep, V)."""
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **{_cache_kw(model): cache}, **kw)
+    return out.logits
+
+
+def crop(cache, length: int) -> None:
+    """Cut the cache back to its first `length` positions (e.g. past a rejected draft)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+# ---------------------------------------------------------------- choosing a token
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; otherwise HF's order: temperature, top-k, top-p, min-p."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (B, V) -> token ids (B, 1)."""
+    if params.greedy:
+        return logits.argmax(dim=-1, keepdim=True)
+    from llmlab.inference import sampling
+
+    p = sampling.probs(logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+    return torch.multinomial(p, 1, generator=generator)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@torch.inference_mode()
+def prefill(model, input_ids: torch.Tensor, cache) -> torch.Tensor:
+    """Run the prompt (B, S) through the model, filling `cache`; returns last-position logits (B, V)."""
+    return forward(model, input_ids, cache)[:, -1, :].float()
+
+
+@torch.inference_mode()
+def decode_one_token(model, token: torch.Tensor, cache) -> torch.Tensor:
+    """token (B, 1) -> next-position logits (B, V); the cache grows by one position."""
+    return forward(model, token, cache)[:, -1, :].float()
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # (B, n) new tokens only
+    prefill_s: float
+    step_s: list[float] = field(default_factory=list)  # wall time of each decode step after the first token
+
+    @property
+    def n_new(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        total = sum(self.step_s)
+        return (len(self.step_s) / total) if total > 0 else float("nan")
+
+
+@torch.inference_mode()
+def decode_n_tokens(
+    model,
+    cache,
+    first: torch.Tensor,
+    n: int,
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+    sync: Callable[[], None] | None = None,
+) -> tuple[list[torch.Tensor], list[float]]:
+    """Decode up to `n` tokens after `first` (B, 1). Stops early when every row has emitted EOS.
+
+    Returns the new tokens (each (B, 1)) and the wall time of each step in seconds.
+    """
+    tokens, times = [], []
+    tok = first
+    done = (tok == eos_token_id).squeeze(1) if eos_token_id is not None else None
+    for _ in range(n):
+        if done is not None and bool(done.all()):
+            break
+        t0 = time.perf_counter()
+        logits = decode_one_token(model, tok, cache)
+        tok = next_token(logits, params, generator)
+        if done is not None:
+            tok = torch.where(done.unsqueeze(1), torch.full_like(tok, eos_token_id), tok)
+            done = done | (tok.squeeze(1) == eos_token_id)
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+        tokens.append(tok)
+        if on_token:
+            on_token(tok)
+    return tokens, times
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+    sync: Callable[[], None] | None = None,
+) -> Generation:
+    """Prefill `input_ids` (B, S), then decode up to `max_new_tokens` (first token included)."""
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be at least 1")
+    cache = new_cache(model)
+    t0 = time.perf_counter()
+    logits = prefill(model, input_ids, cache)
+    first = next_token(logits, params, generator)
+    if sync:
+        sync()
+    prefill_s = time.perf_counter() - t0
+    if on_token:
+        on_token(first)
+    rest, times = decode_n_tokens(model, cache, first, max_new_tokens - 1, params, generator, eos_token_id, on_token, sync)
+    return Generation(torch.cat([first, *rest], dim=1), prefill_s, times)
+
+
+def hf_generate(model, input_ids: torch.Tensor, max_new_tokens: int, **kw) -> torch.Tensor:
+    """The peer: HF `generate`, greedy unless kw says otherwise, exactly `max_new_tokens` new tokens."""
+    kw.setdefault("do_sample", False)
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        pad_token_id=model.config.eos_token_id if model.config.pad_token_id is None else model.config.pad_token_id,
+        **kw,
+    )
+    return out[:, input_ids.shape[1] :]
