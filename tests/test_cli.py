@@ -1,0 +1,136 @@
+"""The CLI end to end: --help, env --json, bad input -> exit 2 with one line, run_lab plumbing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import typer
+
+from llmlab import cli
+from llmlab.core.results import LabResult
+
+
+def llmlab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmlab", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess) -> None:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr and lines[0].startswith("error:")
+
+
+def test_help_lists_env():
+    p = llmlab("--help")
+    assert p.returncode == 0 and "env" in p.stdout
+
+
+def test_env_json_is_the_device_card():
+    p = llmlab("env", "--json", "--seconds", "0.2")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["device"]["device"] in ("cpu", "cuda:0")
+    assert "torch" in d["device"]["versions"] and "transformers" in d["device"]["versions"]
+    assert "telemetry" in d and d["telemetry"]["wall_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["env", "--gpu", "-1"],
+        ["env", "--gpu", "99"],
+        ["env", "--device", "tpu"],
+        ["env", "--seconds", "abc"],
+        ["env", "--no-such-option"],
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args):
+    assert_one_line_error(llmlab(*args))
+
+
+def test_device_cuda_without_cuda_exits_2():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert_one_line_error(llmlab("env", "--device", "cuda"))
+
+
+# ---------------------------------------------------------------- run_lab, with a stand-in lab module
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    n: int = 3
+    seed: int = 0
+    boom: bool = False
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError("--n must be at least 1")
+
+    @classmethod
+    def quick(cls):
+        return cls(n=1)
+
+
+def _run(cfg, device, progress=None):
+    res = LabResult.new("standin", 1, cfg)
+    with res.guard():
+        for i in range(cfg.n):
+            res.add_table(f"part{i}", [{"i": i, "seed": cfg.seed}])
+        if cfg.boom:
+            raise KeyboardInterrupt
+    return res
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    mod = types.ModuleType("llmlab.labs.standin")
+    mod.Config, mod.run = _Cfg, _run
+    monkeypatch.setitem(sys.modules, "llmlab.labs.standin", mod)
+    return mod
+
+
+def test_run_lab_saves_and_records_the_command(standin, tmp_path, capsys):
+    cli.run_lab("standin", cli.Common(device="cpu", json=True, out=tmp_path, seed=7), n=2)
+    d = json.loads(capsys.readouterr().out)
+    assert d["config"] == {"n": 2, "seed": 7, "boom": False}
+    assert d["env"]["seed"] == 7 and d["env"]["device"]["device"] == "cpu" and "command" in d["env"]
+    saved = list((tmp_path / "standin").glob("*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["tables"]["part1"]["rows"] == [[1, 7]]
+    assert len(list((tmp_path / "standin").glob("*.csv"))) == 2
+
+
+def test_run_lab_quick_and_no_save(standin, tmp_path, capsys):
+    cli.run_lab("standin", cli.Common(device="cpu", quick=True, json=True, out=tmp_path / "x", no_save=True))
+    assert json.loads(capsys.readouterr().out)["config"]["n"] == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_run_lab_bad_config_is_a_usage_error(standin, tmp_path):
+    from llmlab.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="at least 1"):
+        cli.run_lab("standin", cli.Common(device="cpu", out=tmp_path), n=0)
+
+
+def test_run_lab_interrupt_saves_partial_and_exits_130(standin, tmp_path, capsys):
+    with pytest.raises(typer.Exit) as e:
+        cli.run_lab("standin", cli.Common(device="cpu", json=True, out=tmp_path), boom=True)
+    assert e.value.exit_code == 130
+    saved = json.loads(next((tmp_path / "standin").glob("*.json")).read_text())
+    assert saved["interrupted"] is True and "part2" in saved["tables"]
+
+
+def test_run_lab_unwritable_out_refuses_before_measuring(standin):
+    from llmlab.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="--out"):
+        cli.run_lab("standin", cli.Common(device="cpu", out="/proc/llmlab"))

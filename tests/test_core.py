@@ -1,0 +1,238 @@
+"""Core: device resolution, timing statistics, results round trip and atomic save, rendering."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from llmlab.core import device as devmod
+from llmlab.core.device import Device, resolve_device
+from llmlab.core.errors import UsageError
+from llmlab.core.render import chart_text, fmt, render
+from llmlab.core.results import Chart, LabResult, atomic_write, check_writable
+from llmlab.core.specs import gpu_spec, peak_for
+from llmlab.core.timing import Stopwatch, autorange, measure, summarize
+
+CPU = Device("cpu")
+
+
+# ---------------------------------------------------------------- device
+
+
+@pytest.mark.parametrize("n_gpus", [0, 1, 2])
+def test_resolve_device(monkeypatch, n_gpus):
+    monkeypatch.setattr(devmod, "cuda_device_count", lambda: n_gpus)
+    assert resolve_device("cpu") == Device("cpu")
+    assert resolve_device("auto") == (Device("cuda:0") if n_gpus else Device("cpu"))
+    for i in range(n_gpus):
+        assert resolve_device("auto", gpu=i) == Device(f"cuda:{i}")
+        assert resolve_device(f"cuda:{i}") == Device(f"cuda:{i}")
+    with pytest.raises(UsageError, match="available: cpu"):
+        resolve_device("auto", gpu=n_gpus)  # one past the last GPU
+    with pytest.raises(UsageError, match="not available"):
+        resolve_device("auto", gpu=-1)
+    with pytest.raises(UsageError, match="unknown device 'tpu'"):
+        resolve_device("tpu")
+    if n_gpus == 0:
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            resolve_device("cuda")
+    else:
+        assert resolve_device("cuda") == Device("cuda:0")
+
+
+def test_gpu_flag_contradicting_device_is_refused(monkeypatch):
+    monkeypatch.setattr(devmod, "cuda_device_count", lambda: 2)
+    with pytest.raises(UsageError, match="contradicts"):
+        resolve_device("cpu", gpu=1)
+
+
+def test_device_card_cpu_has_the_fields():
+    card = devmod.device_card(CPU)
+    cpu = card["cpu"]
+    assert cpu["logical"] >= 1 and cpu["physical"] >= 1
+    assert set(cpu["isa"]) >= {"avx2", "avx512f", "amx_bf16"}
+    assert card["versions"]["torch"] != "not installed"
+    assert card["versions"]["transformers"] != "not installed"
+    assert CPU.slug().startswith("cpu")
+
+
+def test_gpu_spec_matching():
+    assert gpu_spec("NVIDIA H100 80GB HBM3").bandwidth_GBps == 3350
+    assert gpu_spec("NVIDIA H100 PCIe").name == "H100 PCIe"
+    assert gpu_spec("NVIDIA H200").bandwidth_GBps == 4800
+    assert gpu_spec("NVIDIA A100-SXM4-80GB").name == "A100 80GB SXM"
+    assert gpu_spec("NVIDIA GeForce RTX 4090").note.startswith("GeForce")
+    assert gpu_spec("Tesla T4").bf16_tflops is None
+    assert gpu_spec("Some Unknown GPU") is None
+    g, how = peak_for(CPU, "fp32")
+    assert (g is None) == how.startswith("unknown")
+
+
+# ---------------------------------------------------------------- timing
+
+
+def test_summarize_matches_numpy():
+    rng = np.random.default_rng(0)
+    xs = list(rng.exponential(size=101))
+    s = summarize(xs)
+    assert s.n == 101
+    assert s.median_ms == pytest.approx(statistics.median(xs))
+    assert s.p10_ms == pytest.approx(np.quantile(xs, 0.1))
+    assert s.p90_ms == pytest.approx(np.quantile(xs, 0.9))
+    assert s.min_ms == min(xs) and s.max_ms == max(xs)
+    assert s.min_ms <= s.p10_ms <= s.median_ms <= s.p90_ms <= s.max_ms
+    assert summarize([2.0]).p90_ms == 2.0
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_measure_times_real_work():
+    import time
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.002)
+
+    s = measure(fn, CPU, warmup=2, repeats=5)
+    assert len(calls) == 7 and s.n == 5
+    assert 1.9 <= s.min_ms < 50  # a 2 ms sleep is at least 2 ms
+
+
+def test_measure_setup_is_outside_the_timed_region():
+    import time
+
+    s = measure(lambda: None, CPU, warmup=1, repeats=4, setup=lambda: time.sleep(0.01))
+    assert s.median_ms < 5
+
+
+def test_autorange_uses_torch_benchmark():
+    import torch
+
+    a = torch.randn(64, 64)
+    s = autorange(lambda: a @ a, CPU, min_run_time=0.05)
+    assert s.n >= 1 and 0 < s.median_ms < 100
+
+
+def test_stopwatch_phases_add_up():
+    import time
+
+    sw = Stopwatch()
+    with sw.phase("a"):
+        time.sleep(0.003)
+    with sw.phase("b"):
+        time.sleep(0.001)
+    assert set(sw.phases_ms) == {"a", "b"}
+    assert sw.phases_ms["a"] >= 2.9 and sw.phases_ms["b"] >= 0.9
+
+
+# ---------------------------------------------------------------- results
+
+
+def _result() -> LabResult:
+    res = LabResult(lab="demo", version=3, config={"sizes": [1, 2]}, env={"utc_stamp": "20260101T000000Z"})
+    res.add_table("t", [{"size": 1, "latency_ms": 0.5, "name": "a"}, {"size": 2, "latency_ms": float("nan"), "name": "b"}])
+    res.claim("x holds", "about 2", "2.1", True, "note")
+    res.claim("y", "-", "-", None, "not measured: no GPU")
+    res.charts.append(Chart("lat", "t", "size", "latency_ms", logx=True))
+    res.note("hello")
+    return res
+
+
+def test_json_round_trip():
+    res = _result()
+    text = res.to_json()
+    d = json.loads(text)  # strict JSON: NaN became null
+    assert d["schema_version"] == 1 and d["tables"]["t"]["rows"][1][1] is None
+    back = LabResult.from_json(text)
+    assert back.lab == "demo" and back.version == 3
+    assert back.claims[0].holds is True and back.claims[1].holds is None
+    assert back.claims[1].verdict == "not measured"
+    assert list(back.tables["t"].columns) == ["size", "latency_ms", "name"]
+    assert back.tables["t"]["latency_ms"].iloc[0] == 0.5
+    assert back.charts[0].logx is True and back.notes == ["hello"]
+
+
+def test_json_rejects_other_schema():
+    d = json.loads(_result().to_json())
+    d["schema_version"] = 99
+    with pytest.raises(ValueError):
+        LabResult.from_dict(d)
+
+
+def test_save_writes_json_and_csvs(tmp_path):
+    path = _result().save(tmp_path, "cpu-test")
+    assert path == tmp_path / "demo" / "20260101T000000Z-cpu-test.json"
+    assert LabResult.from_json(path.read_text()).lab == "demo"
+    csv = pd.read_csv(tmp_path / "demo" / "20260101T000000Z-cpu-test.t.csv")
+    assert list(csv["size"]) == [1, 2]
+    assert not [p for p in (tmp_path / "demo").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "f.json"
+    atomic_write(target, "old")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temp file left behind
+
+
+def test_check_writable(tmp_path):
+    check_writable(tmp_path / "new")  # created
+    assert (tmp_path / "new").is_dir()
+    with pytest.raises(UsageError, match="parent folder"):
+        check_writable(tmp_path / "missing" / "deeper")
+    with pytest.raises(UsageError):
+        check_writable("/proc/llmlab-results")  # /proc refuses new folders even to root
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="not a folder"):
+        check_writable(tmp_path / "file")
+
+
+def test_guard_turns_ctrl_c_into_partial_result():
+    res = LabResult(lab="demo", version=1)
+    with res.guard():
+        res.add_table("done", [{"a": 1}])
+        raise KeyboardInterrupt
+    assert res.interrupted and "done" in res.tables
+
+
+# ---------------------------------------------------------------- render
+
+
+def test_render_without_tty_is_plain_text():
+    console = Console(file=__import__("io").StringIO(), force_terminal=False, width=100)
+    render(_result(), console)
+    text = console.file.getvalue()
+    assert "\x1b[" not in text
+    assert "latency_ms" in text and "holds" in text and "not measured" in text and "hello" in text
+
+
+@pytest.mark.parametrize("kind", ["line", "scatter", "bar", "stacked"])
+def test_charts_draw(kind):
+    res = LabResult(lab="demo", version=1)
+    res.add_table("t", pd.DataFrame({"x": [1, 10, 100], "a_ms": [1.0, 2.0, 3.0], "b_ms": [0.5, 0.5, 1.0], "s": ["p", "p", "q"]}))
+    y = ["a_ms", "b_ms"] if kind == "stacked" else "a_ms"
+    out = chart_text(res, Chart("title here", "t", "x", y, kind=kind, series="s" if kind == "line" else None, logx=kind == "line"), 60, 15, color=False)
+    assert "title here" in out and "\x1b[" not in out
+    assert len(out.splitlines()) >= 10
+
+
+def test_fmt():
+    assert fmt(1234567) == "1,234,567"
+    assert fmt(0.000012) == "1.200e-05"
+    assert fmt(3.14159) == "3.142"
+    assert fmt(None) == "-" and fmt(float("nan")) == "-" and fmt(True) == "yes"
