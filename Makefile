@@ -1,4 +1,4 @@
-# llmlab: `make install`, `make test`, `make all-labs`, `make lab-NAME`, `make gpu-check`.
+# llmlab: `make demo`, `make install`, `make test`, `make all-labs`, `make lab-NAME`, `make gpu-check`.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -9,7 +9,12 @@ TORCH_CPU ?= torch==2.13.0
 LABS    := gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: install test lint all-labs gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
+.PHONY: demo install test lint all-labs gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
+
+# The main job: install, then one lab on the built-in model pair (no download).
+DEMO    ?= speculative --quick
+demo: install
+	HF_HUB_OFFLINE=1 $(LLMLAB) $(DEMO) --out $(OUT)
 
 install: $(VENV)/.installed
 
