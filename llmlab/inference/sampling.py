@@ -1,0 +1,332 @@
+"""Sampling: from a row of logits over the vocabulary to one token, batched over (B, V).
+
+Logits processors (each returns logits with the removed tokens at -inf):
+    temperature -> top_k -> top_p -> min_p        (the order Hugging Face applies them)
+Samplers (each returns token ids, (B,)):
+    greedy, sample_multinomial, sample_gumbel, top_p_sorting_free, top_k_sorting_free
+
+References:
+- Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration" (top-p / nucleus).
+- Fan et al. 2018, "Hierarchical Neural Story Generation" (top-k).
+- Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM Outputs".
+- transformers `generation/logits_process.py`: TemperatureLogitsWarper, TopKLogitsWarper,
+  TopPLogitsWarper, MinPLogitsWarper. The kept sets here equal theirs, ties included: top-p
+  follows the same ascending sort and cumulative sum, so the float rounding at the cut matches.
+- Gumbel-max / exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) is a sample from p
+  (Maddison et al. 2014, "A* Sampling"); no cumulative sum, no host sync.
+- FlashInfer, "Sorting-Free GPU Kernels for LLM Sampling" (2025) and
+  include/flashinfer/sampling.cuh: top-p / top-k by rejection with two pivots instead of a sort.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_min_keep(min_tokens_to_keep: int) -> None:
+    if not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
+        raise ValueError(f"min_tokens_to_keep must be a positive integer, got {min_tokens_to_keep!r}")
+
+
+def _check_2d(x: torch.Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"expected a (B, V) tensor, got shape {tuple(x.shape)}")
+
+
+# ----------------------------------------------------------------------------- processors
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) -> (B,) the argmax token ids (the first one on ties)."""
+    return logits.argmax(dim=-1)
+
+
+def temperature(logits: torch.Tensor, t: float) -> torch.Tensor:
+    """Divide the logits by t > 0: t < 1 sharpens, t > 1 flattens. t -> 0 is greedy."""
+    if not t > 0:
+        raise ValueError(f"temperature must be > 0 (temperature 0 is greedy decoding: use greedy()), got {t}")
+    return logits / t
+
+
+def top_k(logits: torch.Tensor, k: int, min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """Keep the k highest logits per row (all tokens tied with the k-th are kept), the rest at -inf."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {k!r}")
+    _check_min_keep(min_tokens_to_keep)
+    k = min(max(k, min_tokens_to_keep), logits.size(-1))
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1) the k-th largest logit
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def top_p(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability adds up to at least p.
+
+    Sorted ascending, a token is removed when the mass at or below it is <= 1 - p, i.e. when the
+    tokens strictly more likely than it already hold >= p. The top min_tokens_to_keep always stay.
+    """
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"top_p must be in [0, 1], got {p}")
+    _check_min_keep(min_tokens_to_keep)
+    sorted_logits, order = torch.sort(logits, descending=False)  # (B, V) ascending
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V) mass at or below each token
+    remove_sorted = cum <= (1.0 - p)
+    remove_sorted[..., -min_tokens_to_keep:] = False
+    remove = remove_sorted.scatter(-1, order, remove_sorted)  # back to vocabulary order
+    return logits.masked_fill(remove, NEG_INF)
+
+
+def min_p(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.Tensor:
+    """Keep tokens whose probability is at least p times the top token's probability."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {p}")
+    _check_min_keep(min_tokens_to_keep)
+    pr = logits.softmax(dim=-1)  # (B, V)
+    remove = pr < p * pr.amax(dim=-1, keepdim=True)
+    keep_top = torch.topk(pr, min(min_tokens_to_keep, pr.size(-1)), dim=-1).indices
+    remove.scatter_(-1, keep_top, False)
+    return logits.masked_fill(remove, NEG_INF)
+
+
+def validate(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, min_tokens_to_keep: int = 1) -> None:
+    """Raise ValueError with one clear line on a bad setting (0 / 1.0 / 0.0 mean off)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (temperature 0 means greedy decoding: use greedy)")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+        raise ValueError(f"top_k must be a non-negative integer (0 = off), got {top_k!r}")
+    if not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {top_p}")
+    if not 0.0 <= float(min_p) <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1] (0.0 = off), got {min_p}")
+    _check_min_keep(min_tokens_to_keep)
+
+
+def process_logits(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p in Hugging Face's order; 1.0 / 0 / 1.0 / 0.0 switch one off."""
+    validate(temperature, top_k, top_p, min_p, min_tokens_to_keep)
+    out = logits
+    if temperature != 1.0:
+        out = _temperature(out, temperature)
+    if top_k > 0:
+        out = _top_k(out, top_k, min_tokens_to_keep)
+    if top_p < 1.0:
+        out = _top_p(out, top_p, min_tokens_to_keep)
+    if min_p > 0.0:
+        out = _min_p(out, min_p, min_tokens_to_keep)
+    return out
+
+
+# process_logits' keyword names shadow the functions; keep module-level aliases for it.
+_temperature, _top_k, _top_p, _min_p = temperature, top_k, top_p, min_p
+
+
+def probs(logits: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Softmax of process_logits(logits, **kwargs) in float32: (B, V), removed tokens at 0."""
+    return process_logits(logits.float(), **kwargs).softmax(dim=-1)
+
+
+# ----------------------------------------------------------------------------- samplers
+
+
+def sample_multinomial(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, V) probabilities -> (B,) token ids with torch.multinomial (inverse CDF per row)."""
+    _check_2d(probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _exponential(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Exp(1) noise shaped like `like`, as -log(U): 3-5x faster than Tensor.exponential_ on CPU.
+
+    U is clamped away from 0, so no E is infinite (a key of 0 could never win the race).
+    """
+    u = torch.empty_like(like, dtype=torch.float32).uniform_(generator=generator)
+    return u.clamp_min_(torch.finfo(torch.float32).tiny).log_().neg_()
+
+
+def sample_gumbel(logits_or_probs: torch.Tensor, generator: torch.Generator | None = None, *, is_probs: bool | None = None) -> torch.Tensor:
+    """(B, V) -> (B,) by the exponential race: argmax_i p_i / E_i, E_i ~ Exp(1) (= Gumbel-max).
+
+    Logits take argmax(logits - log E); probabilities take argmax(p / E). `is_probs=None` decides
+    on the device (rows non-negative and summing to 1), so there is still no host sync; pass
+    True/False to skip that check.
+    """
+    _check_2d(logits_or_probs)
+    x = logits_or_probs.float()
+    e = _exponential(x, generator)  # (B, V)
+    if is_probs is True:
+        return (x / e).argmax(dim=-1)
+    if is_probs is False:
+        return (x - e.log()).argmax(dim=-1)
+    looks_like_probs = (x >= 0).all() & ((x.sum(dim=-1) - 1).abs() < 1e-3).all()  # 0-d, on device
+    scores = torch.where(looks_like_probs, x.clamp_min(0).log(), x)
+    return (scores - e.log()).argmax(dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+    generator: torch.Generator | None = None,
+    method: str = "multinomial",
+) -> torch.Tensor:
+    """One sampling step, (B, V) logits -> (B,) ids. temperature=0 means greedy.
+
+    method: "multinomial" (softmax + torch.multinomial) or "gumbel" (exponential race).
+    """
+    if temperature == 0:
+        return greedy(logits)
+    pr = probs(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, min_tokens_to_keep=min_tokens_to_keep)
+    if method == "multinomial":
+        return sample_multinomial(pr, generator)
+    if method == "gumbel":
+        return sample_gumbel(pr, generator, is_probs=True)
+    raise ValueError(f"method must be 'multinomial' or 'gumbel', got {method!r}")
+
+
+# ----------------------------------------------------------------------------- sorting-free
+
+
+def _race_with_pivots(
+    probs: torch.Tensor,
+    accept_fn,
+    generator: torch.Generator | None,
+    max_rounds: int,
+    fallback_fn,
+) -> tuple[torch.Tensor, int]:
+    """The shared loop of top_p_sorting_free / top_k_sorting_free (see top_p_sorting_free).
+
+    accept_fn(mass_gt, above) -> bool (A,): is a token with `mass_gt` probability strictly above
+    it (and `above`, the (A, V) mask of those tokens) in the kept set? Returns (ids (B,), rounds).
+    Rows are compacted as they finish, so later rounds only touch the few rows still searching.
+    """
+    _check_2d(probs)
+    P = probs.float()
+    B = P.size(0)
+    key = P / _exponential(P, generator)  # (B, V) exponential-race keys, drawn once
+    out = torch.empty(B, dtype=torch.long, device=P.device)
+    rows = torch.arange(B, device=P.device)  # (A,) the rows still searching
+    low = high = None  # (A, 1): every kept token has p > low; the cut is at most high
+    rounds = 0
+    while rounds < max_rounds:
+        rounds += 1
+        # round 1 races over every token (a zero-probability token has key 0 and never wins)
+        scores = key if low is None else torch.where(P > low, key, -1.0)
+        j = scores.argmax(dim=-1, keepdim=True)  # (A, 1)
+        pivot0 = P.gather(-1, j)  # (A, 1)
+        above0 = P > pivot0  # (A, V)
+        ok = accept_fn(_mass(P, above0), above0)
+        out[rows[ok]] = j[ok, 0]
+        rejected = ~ok
+        if not bool(rejected.any()):
+            return out, rounds
+        # pivot0 is not kept, so nothing at or below it is: low = pivot0. FlashInfer's second
+        # pivot halfway to `high`: if it is kept the cut lies in (pivot0, pivot1], else
+        # nothing at or below pivot1 is kept either, so the interval at least halves.
+        rows, P, key, pivot0 = rows[rejected], P[rejected], key[rejected], pivot0[rejected]
+        high = P.amax(dim=-1, keepdim=True) if high is None else high[rejected]
+        low = pivot0
+        pivot1 = (pivot0 + high) * 0.5
+        above1 = P > pivot1
+        ok1 = accept_fn(_mass(P, above1), above1)[:, None]
+        low, high = torch.where(ok1, pivot0, pivot1), torch.where(ok1, pivot1, high)
+    # a pathological row (e.g. many exact ties) after max_rounds: finish it exactly
+    out[rows] = fallback_fn(P)
+    return out, rounds
+
+
+def _mass(P: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(A, V), (A, V) bool -> (A,) the probability mass under the mask."""
+    return (P * mask).sum(dim=-1)
+
+
+def top_p_sorting_free(
+    probs: torch.Tensor,
+    p: float,
+    generator: torch.Generator | None = None,
+    min_tokens_to_keep: int = 1,
+    max_rounds: int = 64,
+    return_rounds: bool = False,
+):
+    """Sample from the top-p renormalised distribution without sorting: (B, V) probs -> (B,) ids.
+
+    A token j is in the top-p set iff the tokens strictly more likely than j hold < p of the mass
+    (the same set as top_p(), up to ties at the cut). Draw E ~ Exp(1) once; the exponential race
+    argmax_{i in S} p_i / E_i is a sample from p restricted to S. Search S from above:
+      round: j = race winner among {p_i > low}; if mass(p > p_j) < p, j is in S, so it is also
+      the winner within S: done. Else every token with p_i <= p_j is out: low = p_j. A second
+      pivot halfway to `high` (FlashInfer's dual pivot) halves the interval holding the cut
+      each round, so rounds stay few even when the proposal keeps landing just below it.
+    Each round is a few passes over V (compare, masked sum, argmax), no O(V log V) sort.
+    The accepted token has mass(S)/mass(p > low) >= p chance per round, so rounds ~ 1/p.
+    """
+    p = float(p)
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {p}")
+    _check_min_keep(min_tokens_to_keep)
+
+    def accept(mass_gt, above):
+        ok = mass_gt < p
+        if min_tokens_to_keep > 1:
+            ok |= above.sum(-1) < min_tokens_to_keep
+        return ok
+
+    def fallback(rows_probs):
+        return _race_in_set(rows_probs, top_p(rows_probs.log(), p, min_tokens_to_keep), generator)
+
+    ids, rounds = _race_with_pivots(probs, accept, generator, max_rounds, fallback)
+    return (ids, rounds) if return_rounds else ids
+
+
+def top_k_sorting_free(
+    probs: torch.Tensor,
+    k: int,
+    generator: torch.Generator | None = None,
+    max_rounds: int = 64,
+    return_rounds: bool = False,
+):
+    """Sample from the top-k renormalised distribution without sorting: (B, V) probs -> (B,) ids.
+
+    Token j is in the top-k set iff fewer than k tokens are strictly more likely (ties at the
+    k-th kept, as TopKLogitsWarper does). Same pivot search as top_p_sorting_free, on counts.
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {k!r}")
+    if k >= probs.size(-1):
+        return (sample_gumbel(probs, generator, is_probs=True), 0) if return_rounds else sample_gumbel(probs, generator, is_probs=True)
+
+    def accept(_mass_gt, above):
+        return above.sum(-1) < k
+
+    def fallback(rows_probs):
+        return _race_in_set(rows_probs, top_k(rows_probs.log(), k), generator)
+
+    ids, rounds = _race_with_pivots(probs, accept, generator, max_rounds, fallback)
+    return (ids, rounds) if return_rounds else ids
+
+
+def _race_in_set(rows_probs: torch.Tensor, kept_logits: torch.Tensor, generator) -> torch.Tensor:
+    """Exact fallback: exponential race over the kept set found by the sort-based processor."""
+    masked = torch.where(torch.isfinite(kept_logits), rows_probs, 0.0)
+    return sample_gumbel(masked, generator, is_probs=True)
+
+
+def kept_mask(processed_logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) bool: the tokens a processor left (not at -inf)."""
+    return processed_logits > NEG_INF
