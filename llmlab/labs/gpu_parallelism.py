@@ -1,0 +1,690 @@
+"""Lab: see parallelism with your own eyes — the same work on a Python loop, CPU threads, and a GPU.
+
+The article's sentences, each turned into a measurement:
+1. "A CPU has a handful of powerful cores, a GPU thousands of simple ones": an elementwise
+   fused multiply-add, a reduction and a matmul at growing sizes, done as a plain Python loop,
+   vectorised on one CPU thread, on all CPU threads (a torch.set_num_threads sweep), and on the
+   GPU (with and without the host<->device copies). Throughput per way, the crossover size where
+   the GPU starts to win, and the CPU's thread scaling against ideal.
+2. "Thousands of cores, in SMs": matmul throughput around multiples of the SM count (wave
+   quantization: the saw-tooth).
+3. "Tensor cores made the GPU an AI chip": matmul FLOP/s in FP32, TF32, BF16, FP16 (GPU); FP32 vs
+   BF16 on the CPU, saying whether it has a matrix unit (AMX).
+4. Launch overhead: B small matmuls one by one vs one batched bmm.
+5. AlexNet (2012) conv1, 227x227x3 -> 96 filters 11x11 stride 4, at batch 128, CPU and GPU.
+6. Host<->device copy bandwidth, pinned and pageable: data has to get to the GPU first.
+
+References:
+- NVIDIA, "Matrix Multiplication Background User's Guide" (tile and wave quantization).
+- NVIDIA, "CUDA C++ Best Practices Guide" (pinned memory, asynchronous copies, launch overhead).
+- Krizhevsky, Sutskever, Hinton, "ImageNet Classification with Deep Convolutional Neural
+  Networks", NeurIPS 2012 (conv1: 96 kernels of 11x11x3, stride 4; two GTX 580 GPUs).
+- llm.c dev/cuda: a CPU reference first, every variant checked against it before timing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from llmlab.core.device import Device, cpu_cores, cpu_isa, resolve_device
+from llmlab.core.render import track
+from llmlab.core.results import Chart, LabResult
+from llmlab.core.specs import bandwidth_spec_GBps, peak_for
+from llmlab.core.timing import Stats, measure, summarize
+
+LAB = "gpu-parallelism"
+VERSION = 1
+PARTS = ("sizes", "waves", "tensor-cores", "launch", "alexnet", "copies")
+WORKS = ("elementwise", "reduction", "matmul")
+NO_GPU = "not measured: no GPU"
+TILE = 128  # the output tile one SM computes in the wave model (cuBLAS picks its own; 128 is typical)
+CONV1 = dict(c_in=3, hw=227, c_out=96, k=11, stride=4)  # AlexNet conv1 -> 55x55 output
+
+
+def _half_decades(lo: int, hi: int) -> tuple[int, ...]:
+    out, e = [], math.log10(lo)
+    while 10**e <= hi * 1.001:
+        out.append(int(round(10**e)))
+        e += 0.5
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Config:
+    sizes: tuple[int, ...] = _half_decades(10**3, 10**8)  # elements: L1-resident (4 KB) to 4x the RAM traffic of any LLC
+    matmul_ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)  # n of n x n @ n x n: 8 KFLOP to 17 GFLOP
+    python_max_ops: int = 3 * 10**5  # Python loop cap (inner ops): ~0.1 s per call at ~250 ns per op
+    max_threads: int | None = None  # top of the thread sweep; None = every usable CPU
+    budget_s: float = 0.3  # time spent per measured point (at least 3 samples each)
+    tc_n_cpu: int = 1024  # CPU FP32-vs-BF16 matmul: 2 GFLOP, compute bound, ~0.1 s on 2 cores
+    tc_n_gpu: int = 8192  # GPU dtype matmul: 1.1 TFLOP, compute bound on any data-centre GPU
+    wave_k: int = 4096  # inner dim of the wave sweep: enough work per tile to be compute bound
+    wave_max_waves: int = 6  # the wave sweep covers 1..6 full waves of 128x128 tiles
+    wave_step: int = 32  # M step of the wave sweep: 4 points per 128-row wave boundary
+    launch_count: int = 1000  # B small matmuls vs one bmm: 1000 launches make the overhead visible
+    launch_n: int = 32  # each small matmul is 32x32x32: 65 KFLOP, less work than one launch costs
+    conv_batch: int = 128  # AlexNet's training batch size
+    copy_sizes_mb: tuple[int, ...] = (1, 4, 16, 64, 256)  # host<->device copies: latency- to bandwidth-bound
+    parts: tuple[str, ...] = PARTS  # which parts to run
+    seed: int = 0  # the CLI sets it from --seed
+
+    def __post_init__(self):
+        for name in ("sizes", "matmul_ns", "copy_sizes_mb"):
+            vals = getattr(self, name)
+            if not vals or any(int(v) < 1 for v in vals):
+                raise ValueError(f"{name} must be one or more positive integers, got {vals}")
+        bad = [p for p in self.parts if p not in PARTS]
+        if bad or not self.parts:
+            raise ValueError(f"unknown part(s) {bad or '(none given)'}: choose from {', '.join(PARTS)}")
+        usable = cpu_cores()["logical"]
+        if self.max_threads is not None and not 1 <= self.max_threads <= usable:
+            raise ValueError(f"max_threads must be 1..{usable} (the usable CPUs here), got {self.max_threads}")
+        for name in ("tc_n_cpu", "tc_n_gpu", "wave_k", "wave_max_waves", "wave_step", "launch_count", "launch_n", "conv_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.budget_s <= 0 or self.python_max_ops < 0:
+            raise ValueError("budget_s must be > 0 and python_max_ops >= 0")
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(
+            sizes=(10**3, 10**4, 10**5, 10**6, 10**7),  # still reaches past a 32 MB L3 at 1e7 (160 MB moved)
+            matmul_ns=(16, 64, 256, 512),
+            python_max_ops=3 * 10**4,
+            budget_s=0.05,
+            tc_n_cpu=512,
+            tc_n_gpu=4096,
+            wave_max_waves=4,
+            launch_count=256,
+            conv_batch=8,
+            copy_sizes_mb=(1, 16, 64),
+        )
+
+
+def run(cfg: Config, device: Device, progress=None) -> LabResult:
+    """Measures. Returns data. Never prints."""
+    res = LabResult.new(LAB, VERSION, cfg)
+    cpu = resolve_device("cpu")
+    gpu = device if device.is_cuda else None
+    sweep = thread_counts(cfg.max_threads or cpu_cores()["logical"])
+    res.env["lab"] = {"cpu_isa": cpu_isa(), "cpu_cores": cpu_cores(), "thread_sweep": list(sweep), "gpu": gpu.spec if gpu else None}
+    load, usable = os.getloadavg()[0], cpu_cores()["logical"]
+    res.env["lab"]["loadavg_1min_at_start"] = load
+    if load >= 0.5 * usable:
+        res.note(f"The 1-minute load average was {load:.1f} on {usable} usable CPUs at the start: other processes share the cores, "
+                 "so multi-thread timings (and thread scaling) come out pessimistic and noisy.")
+    if gpu is None:
+        res.note("No CUDA GPU: the GPU parts are marked 'not measured: no GPU' and no GPU figure appears.")
+    rates: dict[tuple[str, str, int], float] = {}  # (device, dtype, n) -> measured matmul GFLOP/s, shared by parts 3 and 5
+    with res.guard(), torch.no_grad(), keep_torch_settings():
+        if "sizes" in cfg.parts:
+            part_sizes(res, cfg, cpu, gpu, sweep, progress)
+        if "waves" in cfg.parts:
+            part_waves(res, cfg, gpu, progress)
+        if "tensor-cores" in cfg.parts:
+            part_tensor_cores(res, cfg, cpu, gpu, rates)
+        if "launch" in cfg.parts:
+            part_launch(res, cfg, cpu, gpu, sweep[-1])
+        if "alexnet" in cfg.parts:
+            part_alexnet(res, cfg, cpu, gpu, rates)
+        if "copies" in cfg.parts:
+            part_copies(res, cfg, gpu, progress)
+    return res
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def thread_counts(cores: int) -> tuple[int, ...]:
+    """1, 2, 4, ... below `cores`, then `cores` itself."""
+    out, t = [], 1
+    while t < cores:
+        out.append(t)
+        t *= 2
+    return (*out, cores)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with torch on n intra-op threads; the original count comes back afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+@contextmanager
+def keep_torch_settings() -> Iterator[None]:
+    """Whatever the lab changes (threads, FP32 matmul precision, cuDNN TF32) is restored on exit."""
+    threads, precision, cudnn_tf32 = torch.get_num_threads(), torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+
+
+def time_fn(fn: Callable[[], object], device: Device, budget_s: float, setup: Callable[[], object] | None = None) -> Stats:
+    """One probe call (also a warm-up), then as many timed calls as fit in budget_s (3..500).
+
+    One sample per call, so per-call dispatch and launch overhead is in every sample: at small
+    sizes that overhead is what the lab shows.
+    """
+    if setup:
+        setup()
+    t0 = time.perf_counter()
+    fn()
+    device.synchronize()
+    probe = time.perf_counter() - t0
+    repeats = int(min(500, max(3, budget_s / max(probe, 1e-6))))
+    return measure(fn, device, warmup=0 if probe > 0.05 else 3, repeats=repeats, setup=setup, max_time_s=budget_s)  # a slow probe was warm-up enough
+
+
+def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: float, setups: list[Callable[[], object]] | None = None) -> list[Stats]:
+    """Time several fns in alternation (a, b, a, b, ...), one `measure` sample per call, ~budget_s each.
+
+    On a shared machine a busy neighbour then slows every variant alike, so their ratio holds.
+    `setups[i]` runs before each call of fns[i], outside the timed region.
+    """
+    setups = setups or [None] * len(fns)
+    probes = []
+    for fn, setup in zip(fns, setups, strict=True):
+        probes.append(time_fn(fn, device, budget_s / 10, setup=setup).median_s)  # warm-up and a first estimate
+    repeats = [int(min(500, max(3, budget_s / max(p, 1e-6)))) for p in probes]
+    samples: list[list[float]] = [[] for _ in fns]
+    t0 = time.perf_counter()
+    for i in range(max(repeats)):
+        for j, (fn, setup) in enumerate(zip(fns, setups, strict=True)):
+            if i < repeats[j]:
+                samples[j].append(measure(fn, device, warmup=0, repeats=1, setup=setup).median_ms)
+        if i >= 2 and time.perf_counter() - t0 > budget_s * len(fns):
+            break
+    return [summarize(s) for s in samples]
+
+
+def stats_cols(st: Stats) -> dict[str, float | int]:
+    """Timing columns of a table row (`samples` is the number of timed calls)."""
+    d = st.as_dict()
+    d["samples"] = d.pop("n")
+    return d
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64 on the CPU."""
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def cpu_peak_gflops(threads: int) -> float | None:
+    """The CPU's FP32 spec peak, scaled to the physical cores `threads` can occupy."""
+    peak, _ = peak_for(resolve_device("cpu"), "fp32")
+    phys = cpu_cores()["physical"]
+    return peak * min(threads, phys) / phys if peak else None
+
+
+def _pct(x: float | None, peak: float | None) -> float | None:
+    return 100 * x / peak if x is not None and peak else None
+
+
+# ---------------------------------------------------------------- part 1: the same work, four ways
+
+
+def fma_py(a: list[float], b: list[float], c: list[float]) -> list[float]:
+    return [x * y + z for x, y, z in zip(a, b, c, strict=True)]
+
+
+def sum_py(a: list[float]) -> float:
+    s = 0.0
+    for x in a:
+        s += x
+    return s
+
+
+def matmul_py(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
+    bt = list(zip(*b, strict=True))  # columns of b
+    return [[sum(x * y for x, y in zip(row, col, strict=True)) for col in bt] for row in a]
+
+
+def work_counts(work: str, size: int) -> dict[str, int]:
+    """Elements, FLOPs, minimum bytes moved (FP32) and Python inner ops for one call."""
+    if work == "elementwise":  # out = a * b + c: 2 FLOPs, 3 reads + 1 write per element
+        return {"elements": size, "flops": 2 * size, "bytes": 16 * size, "py_ops": size}
+    if work == "reduction":  # s = sum(a): 1 FLOP, 1 read per element
+        return {"elements": size, "flops": size, "bytes": 4 * size, "py_ops": size}
+    return {"elements": size * size, "flops": 2 * size**3, "bytes": 12 * size * size, "py_ops": size**3}  # n x n matmul
+
+
+def work_inputs(work: str, size: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    if work == "elementwise":
+        return tuple(torch.randn(size, generator=gen) for _ in range(3))  # a, b, c: (N,)
+    if work == "reduction":
+        return (torch.rand(size, generator=gen),)  # positive: the sum has no cancellation to hide errors
+    return tuple(torch.randn(size, size, generator=gen) for _ in range(2))  # a, b: (n, n)
+
+
+def work_fn(work: str, xs: tuple[torch.Tensor, ...]) -> Callable[[], torch.Tensor]:
+    """The vectorised call on the tensors' device; it returns its result."""
+    if work == "elementwise":
+        a, b, c = xs
+        out = torch.empty_like(a)
+        fn = lambda: torch.addcmul(c, a, b, out=out)  # noqa: E731  one fused pass: out = c + a * b
+    elif work == "reduction":
+        (a,) = xs
+        fn = lambda: torch.sum(a)  # noqa: E731
+    else:
+        a, b = xs
+        out = torch.empty_like(a)
+        fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
+    return fn
+
+
+def work_py(work: str, xs: tuple[torch.Tensor, ...]) -> Callable[[], object]:
+    lists = [x.tolist() for x in xs]
+    if work == "elementwise":
+        return lambda: fma_py(*lists)
+    if work == "reduction":
+        return lambda: sum_py(*lists)
+    return lambda: matmul_py(*lists)
+
+
+def work_with_copies(work: str, xs: tuple[torch.Tensor, ...], gpu: Device) -> Callable[[], torch.Tensor]:
+    """Copy the (pageable) host inputs to the GPU, compute, copy the result back: what a one-off call costs."""
+
+    def fn():
+        ys = tuple(x.to(gpu.torch) for x in xs)
+        if work == "elementwise":
+            out = torch.addcmul(ys[2], ys[0], ys[1])
+        elif work == "reduction":
+            out = torch.sum(ys[0])
+        else:
+            out = torch.mm(ys[0], ys[1])
+        return out.cpu()
+
+    return fn
+
+
+def matches(work: str, out, ref: torch.Tensor) -> bool:
+    out = torch.as_tensor(out, dtype=torch.float64) if not isinstance(out, torch.Tensor) else out
+    return rel_err(out, ref) < (1e-4 if work == "matmul" else 1e-5)
+
+
+def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, sweep: tuple[int, ...], progress) -> None:
+    gen = torch.Generator().manual_seed(cfg.seed)
+    top = sweep[-1]
+    scaling: list[dict] = []
+    mismatches: list[str] = []
+    for work in WORKS:
+        sizes = cfg.matmul_ns if work == "matmul" else cfg.sizes
+        rows: list[dict] = []
+        for size in track(progress, sizes, f"{work} sizes"):
+            xs = work_inputs(work, size, gen)
+            fn = work_fn(work, xs)
+            ref = fn().clone()  # the reference: vectorised on the CPU (float32); float64 would be stricter but hides nothing here
+
+            if work_counts(work, size)["py_ops"] <= cfg.python_max_ops:
+                py = work_py(work, xs)
+                rows.append(size_row(work, "python loop", 1, size, time_fn(py, cpu, cfg.budget_s), matches(work, py(), ref), None, None))
+            for t in (sweep if size == sizes[-1] else sorted({1, top})):
+                with torch_threads(t):
+                    st = time_fn(fn, cpu, cfg.budget_s)
+                    ok = matches(work, fn(), ref)
+                if t in (1, top):
+                    rows.append(size_row(work, cpu_way(t), t, size, st, ok, cpu_peak_gflops(t), None))
+                if size == sizes[-1]:
+                    scaling.append({"work": work, "size": size, "threads": t, **stats_cols(st)})
+            if gpu is not None:
+                gxs = tuple(x.to(gpu.torch) for x in xs)
+                gfn = work_fn(work, gxs)
+                peak_g, peak_bw = peak_for(gpu, "fp32")[0], bandwidth_spec_GBps(gpu)[0]
+                rows.append(size_row(work, "gpu", None, size, time_fn(gfn, gpu, cfg.budget_s), matches(work, gfn(), ref), peak_g, peak_bw))
+                copies = work_with_copies(work, xs, gpu)
+                rows.append(size_row(work, "gpu + copies", None, size, time_fn(copies, gpu, cfg.budget_s), matches(work, copies(), ref), peak_g, None))
+                del gxs, gfn
+            del xs, fn, ref
+        mismatches += [f"{r['work']} {r['way']} size {r['size']}" for r in rows if not r["matches_reference"]]
+        res.add_table(f"throughput_{work}", rows)
+        y = "gflops" if work == "matmul" else "gelems_per_s"
+        xlabel = "n (n x n matrices, log)" if work == "matmul" else "elements (log)"
+        res.charts.append(Chart(f"{work}: throughput vs size, one line per way", f"throughput_{work}", "size", y, series="way", logx=True, logy=True, xlabel=xlabel, ylabel=f"{y} (log)"))
+    res.add_table("thread_scaling", scaling_rows(scaling))
+    res.charts.append(Chart("CPU thread scaling at the largest size (ideal = linear)", "thread_scaling", "threads", "speedup", series="work", xlabel="threads", ylabel="speed-up vs 1 thread"))
+    res.note("All variants match the CPU reference." if not mismatches else f"Variants that do NOT match the reference: {', '.join(mismatches)}")
+    claims_sizes(res, cfg, gpu, top)
+
+
+def size_row(work: str, way: str, threads: int | None, size: int, st: Stats, ok: bool, peak_gflops: float | None, peak_GBps: float | None) -> dict:
+    """One measurement of part 1: timing, throughput in three units, and the peaks beside them."""
+    c, s = work_counts(work, size), st.median_s
+    gflops, gbps = c["flops"] / s / 1e9, c["bytes"] / s / 1e9
+    return {
+        "work": work, "way": way, "threads": threads, "size": size, "elements": c["elements"], "flops": c["flops"], "bytes": c["bytes"],
+        **stats_cols(st), "gelems_per_s": c["elements"] / s / 1e9, "gflops": gflops, "GBps": gbps,
+        "peak_gflops": peak_gflops, "pct_of_peak_flops": _pct(gflops, peak_gflops), "peak_GBps": peak_GBps, "pct_of_peak_bw": _pct(gbps, peak_GBps),
+        "matches_reference": ok,
+    }
+
+
+def cpu_way(threads: int) -> str:
+    return f"cpu {threads} thread{'s' if threads > 1 else ''}"
+
+
+def scaling_rows(rows: list[dict]) -> list[dict]:
+    """Speed-up over 1 thread and parallel efficiency; an 'ideal' series for the chart."""
+    out = []
+    for r in rows:
+        one = next(x for x in rows if x["work"] == r["work"] and x["threads"] == 1)
+        sp = one["median_ms"] / r["median_ms"]
+        out.append({**r, "speedup": sp, "ideal_speedup": float(r["threads"]), "efficiency_pct": 100 * sp / r["threads"]})
+    out += [{"work": "ideal", "threads": t, "speedup": float(t), "ideal_speedup": float(t)} for t in sorted({r["threads"] for r in rows})]
+    return out
+
+
+def crossover(gpu_ms: dict[int, float], cpu_ms: dict[int, float]) -> int | None:
+    """The smallest size from which the GPU is faster at that size and at every larger measured size."""
+    sizes = sorted(set(gpu_ms) & set(cpu_ms))
+    wins = [gpu_ms[s] < cpu_ms[s] for s in sizes]
+    return next((s for i, s in enumerate(sizes) if all(wins[i:])), None)
+
+
+def claims_sizes(res: LabResult, cfg: Config, gpu: Device | None, top: int) -> None:
+    tbl = {w: res.tables[f"throughput_{w}"] for w in WORKS}
+    top_way = cpu_way(top)
+    # a Python loop vs one vectorised thread, at the largest size the loop ran
+    el = tbl["elementwise"]
+    py = el[el.way == "python loop"]
+    if not py.empty:
+        size = int(py["size"].max())
+        one = el[(el.way == "cpu 1 thread") & (el["size"] == size)]["median_ms"].iloc[0]
+        ratio = py[py["size"] == size]["median_ms"].iloc[0] / one
+        res.claim(
+            f"A plain Python loop is far (>=20x) slower than one vectorised CPU thread (FMA, {size:,} elements)",
+            "~50-100x: ~50-250 ns per element in the interpreter vs ~1 ns with SIMD from one core",
+            f"{ratio:,.0f}x slower", ratio >= 20,
+        )
+    # the crossover where the GPU beats every CPU thread
+    for work in WORKS:
+        unit = "n" if work == "matmul" else "elements"
+        if gpu is None:
+            res.claim(f"The GPU beats all CPU threads only above a crossover size ({work})", "a few microseconds of launch ~ the CPU's work at ~1e4-1e5 elements", "-", None, NO_GPU)
+            continue
+        t = tbl[work]
+        cpu_ms = dict(zip(t[t.way == top_way]["size"], t[t.way == top_way]["median_ms"], strict=True))
+        cpu_rate = t[(t.way == top_way) & (t["size"] == t["size"].max())]["gflops"].iloc[0]
+        g = t[t.way == "gpu"]
+        x = crossover(dict(zip(g["size"], g["median_ms"], strict=True)), cpu_ms)
+        gc = t[t.way == "gpu + copies"]
+        xc = crossover(dict(zip(gc["size"], gc["median_ms"], strict=True)), cpu_ms)
+        flops_at_5us = 5e-6 * cpu_rate * 1e9
+        expect = (f"~{_size_for_flops(work, flops_at_5us):,} {unit}: where {top} CPU threads need ~5 us (one launch)")
+        smallest = min(cpu_ms)
+        res.claim(
+            f"The GPU beats all CPU threads only above a crossover size ({work})", expect,
+            (f"crossover at {x:,} {unit}" if x is not None else "the GPU never won") + "; counting the copies: " + (f"{xc:,} {unit}" if xc is not None else "never"),
+            x is not None and x > smallest,
+            "" if x is None or x > smallest else "the GPU already won at the smallest size measured",
+        )
+    # thread scaling: compute-bound matmul vs memory-bound FMA, at the largest size
+    sc = res.tables["thread_scaling"]
+    if top == 1:
+        res.claim("CPU threads scale matmul near-linearly (>=75% of ideal)", "linear up to the physical cores", "-", None, "not measured: one usable CPU")
+        return
+    eff = {w: float(sc[(sc.work == w) & (sc.threads == top)]["efficiency_pct"].iloc[0]) for w in WORKS}
+    spd = {w: float(sc[(sc.work == w) & (sc.threads == top)]["speedup"].iloc[0]) for w in WORKS}
+    res.claim(
+        f"This CPU's threads scale matmul near-linearly (>=75% of ideal) on {top} threads",
+        f"up to {top}x ({cpu_cores()['physical']} physical cores); less when others share the cores",
+        f"{spd['matmul']:.2f}x on {top} threads ({eff['matmul']:.0f}% of ideal)", eff["matmul"] >= 75,
+    )
+    res.claim(
+        "Memory-bound FMA scales worse with threads than compute-bound matmul (largest sizes)",
+        "FMA moves 8 bytes per FLOP: a few cores saturate DRAM; matmul reuses each byte ~n/6 times",
+        f"FMA {spd['elementwise']:.2f}x vs matmul {spd['matmul']:.2f}x on {top} threads", eff["elementwise"] < eff["matmul"],
+    )
+
+
+def _size_for_flops(work: str, flops: float) -> int:
+    n = {"elementwise": flops / 2, "reduction": flops, "matmul": (flops / 2) ** (1 / 3)}[work]
+    return int(float(f"{max(n, 1):.1g}"))
+
+
+# ---------------------------------------------------------------- part 2: wave quantization
+
+
+def part_waves(res: LabResult, cfg: Config, gpu: Device | None, progress) -> None:
+    text = "Matmul throughput saw-tooths: it drops when M grows just past a full wave of tiles"
+    expect = f"steps at M = {TILE}*w (N = {TILE} x SMs, {TILE}x{TILE} tiles): a wave just started costs a whole wave"
+    if gpu is None:
+        res.claim(text, expect, "-", None, NO_GPU)
+        return
+    sms = torch.cuda.get_device_properties(gpu.index).multi_processor_count
+    n, k = TILE * sms, cfg.wave_k
+    ms = list(range(cfg.wave_step, TILE * cfg.wave_max_waves + TILE // 2 + 1, cfg.wave_step))
+    gen = torch.Generator(device=gpu.torch).manual_seed(cfg.seed)
+    a_all = torch.randn(ms[-1], k, device=gpu.torch, dtype=torch.float16, generator=gen)  # (M_max, K)
+    b = torch.randn(k, n, device=gpu.torch, dtype=torch.float16, generator=gen)  # (K, N)
+    rows = []
+    for m in track(progress, ms, "wave sweep"):
+        a, out = a_all[:m], torch.empty(m, n, device=gpu.torch, dtype=torch.float16)
+        st = time_fn(lambda a=a, out=out: torch.mm(a, b, out=out), gpu, cfg.budget_s)
+        tiles = math.ceil(m / TILE) * (n // TILE)
+        rows.append({"M": m, "N": n, "K": k, "sm_count": sms, "tiles": tiles, "waves": tiles / sms, **stats_cols(st), "tflops": 2 * m * n * k / st.median_s / 1e12})
+    df = res.add_table("wave_quantization", rows)
+    res.charts.append(Chart(f"FP16 matmul throughput vs M (N = {TILE} x {sms} SMs)", "wave_quantization", "M", "tflops", xlabel="M (rows)", ylabel="TFLOP/s"))
+    drops = [(1 - df.tflops[i + 1] / df.tflops[i], int(df.M[i + 1])) for i in range(len(df) - 1)]
+    worst, at = max(drops)
+    res.claim(text, expect, f"largest drop {100 * worst:.0f}% when M goes to {at} ({at / TILE:.2f} tile rows)", worst > 0.05)
+
+
+# ---------------------------------------------------------------- part 3: tensor cores
+
+
+def matmul_fn(device: Device, dtype: torch.dtype, n: int, seed: int) -> Callable[[], torch.Tensor]:
+    """An n x n x n matmul in dtype on device, writing into one preallocated output."""
+    gen = torch.Generator(device=device.torch).manual_seed(seed)
+    a = torch.randn(n, n, device=device.torch, generator=gen).to(dtype)  # (n, n)
+    b = torch.randn(n, n, device=device.torch, generator=gen).to(dtype)  # (n, n)
+    out = torch.empty(n, n, device=device.torch, dtype=dtype)
+    return lambda: torch.mm(a, b, out=out)
+
+
+def precision_setter(precision: str) -> Callable[[], None]:
+    """FP32 matmul precision for the next call: "highest" = strict FP32, "high" = TF32 tensor cores."""
+    return lambda: torch.set_float32_matmul_precision(precision)
+
+
+def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, rates: dict) -> None:
+    rows = []
+    dtypes = {"fp32": (torch.float32, "highest"), "tf32": (torch.float32, "high"), "bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")}
+    for dev, n, names in ((cpu, cfg.tc_n_cpu, ("fp32", "bf16")), (gpu, cfg.tc_n_gpu, ("fp32", "tf32", "bf16", "fp16"))):
+        if dev is None:
+            continue
+        fns = [matmul_fn(dev, dtypes[name][0], n, cfg.seed) for name in names]
+        setups = [precision_setter(dtypes[name][1]) for name in names]
+        outs = []
+        for fn, setup in zip(fns, setups, strict=True):
+            setup()
+            outs.append(fn().float())
+        stats = time_interleaved(fns, dev, max(cfg.budget_s, 0.2), setups)  # interleaved: a busy neighbour slows every dtype alike
+        torch.set_float32_matmul_precision("highest")
+        for name, st, out in zip(names, stats, outs, strict=True):
+            gflops = 2 * n**3 / st.median_s / 1e9
+            peak, source = peak_for(dev, name)
+            rates[(dev.spec, name, n)] = gflops
+            rows.append({"device": dev.spec, "dtype": name, "n": n, **stats_cols(st), "gflops": gflops, "peak_gflops": peak, "pct_of_peak": _pct(gflops, peak),
+                         "speedup_vs_fp32": gflops / rates[(dev.spec, "fp32", n)], "rel_err_vs_fp32": rel_err(out, outs[0]), "peak_source": source})
+    res.add_table("tensor_cores", rows)
+    isa = cpu_isa()
+    unit = "AMX-BF16 tiles" if isa["amx_bf16"] else ("no AMX; AVX512_BF16 dot products" if isa["avx512_bf16"] else "no AMX and no BF16 SIMD")
+    res.note(f"CPU matrix unit: {'yes (AMX)' if isa['amx_bf16'] else 'none: this CPU has no AMX'}; BF16 SIMD (AVX512_BF16): {'yes' if isa['avx512_bf16'] else 'no'}.")
+    p32, pb = peak_for(cpu, "fp32")[0], peak_for(cpu, "bf16")[0]
+    r = rates[(cpu.spec, "bf16", cfg.tc_n_cpu)] / rates[(cpu.spec, "fp32", cfg.tc_n_cpu)]
+    res.claim(
+        f"BF16 matmul beats FP32 on this CPU ({unit})",
+        f"{pb / p32:.0f}x from the spec peaks" if p32 and pb else "unknown peaks: >1x only with BF16 hardware",
+        f"{r:.2f}x ({cfg.tc_n_cpu}^3 matmul, all threads)", r > 1.05,
+    )
+    for name, bar in (("bf16", 4.0), ("tf32", 1.5)):
+        text = f"Tensor cores make {name.upper()} matmul >= {bar:g}x faster than strict FP32 on this GPU"
+        if gpu is None:
+            res.claim(text, "~8-16x for BF16, ~2-8x for TF32 on data-centre GPUs (spec sheets)", "-", None, NO_GPU)
+            continue
+        pe, p32g = peak_for(gpu, name)[0], peak_for(gpu, "fp32")[0]
+        rg = rates[(gpu.spec, name, cfg.tc_n_gpu)] / rates[(gpu.spec, "fp32", cfg.tc_n_gpu)]
+        res.claim(text, f"{pe / p32g:.1f}x from the spec peaks" if pe and p32g else "spec peaks unknown for this GPU", f"{rg:.1f}x ({cfg.tc_n_gpu}^3 matmul)", rg >= bar)
+
+
+# ---------------------------------------------------------------- part 4: launch overhead
+
+
+def launch_fns(dev: Device, bsz: int, n: int, seed: int) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
+    """(B separate torch.mm calls, one torch.bmm) over the same (B, n, n) inputs; each returns its output."""
+    gen = torch.Generator(device=dev.torch).manual_seed(seed)
+    a = torch.randn(bsz, n, n, device=dev.torch, generator=gen)  # (B, n, n)
+    b = torch.randn(bsz, n, n, device=dev.torch, generator=gen)  # (B, n, n)
+    out_loop, out_bmm = torch.empty_like(a), torch.empty_like(a)
+    triples = list(zip(a.unbind(0), b.unbind(0), out_loop.unbind(0), strict=True))  # views made once, outside the timing
+
+    def loop() -> torch.Tensor:
+        for x, y, o in triples:
+            torch.mm(x, y, out=o)  # one dispatch (CPU) / one kernel launch (GPU) each
+        return out_loop
+
+    return loop, lambda: torch.bmm(a, b, out=out_bmm)
+
+
+def part_launch(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, top: int) -> None:
+    rows, bsz, n = [], cfg.launch_count, cfg.launch_n
+    text = f"One batched bmm is much (>=2x) faster than {bsz} separate {n}x{n} matmuls"
+    runs = [(cpu, 1)] + ([(cpu, top)] if top > 1 else []) + ([(gpu, None)] if gpu else [])
+    for dev, threads in runs:
+        with torch_threads(threads or torch.get_num_threads()):
+            loop, bmm = launch_fns(dev, bsz, n, cfg.seed)
+            ok = rel_err(loop(), bmm()) < 1e-5
+            st_loop, st_bmm = time_interleaved([loop, bmm], dev, max(cfg.budget_s, 0.2))
+        for way, st in (("loop of mm", st_loop), ("one bmm", st_bmm)):
+            rows.append({"device": dev.spec, "threads": threads, "way": way, "count": bsz, "n": n, **stats_cols(st), "us_per_matmul": 1e3 * st.median_ms / bsz,
+                         "gflops": 2 * bsz * n**3 / st.median_s / 1e9, "matches_reference": ok})
+        ratio = st_loop.median_ms / st_bmm.median_ms
+        overhead_us = 1e3 * (st_loop.median_ms - st_bmm.median_ms) / bsz
+        where = "GPU" if dev.is_cuda else cpu_way(threads)
+        expect = "~5 us kernel launch" if dev.is_cuda else ("~1-5 us dispatch" if threads == 1 else "dispatch plus waking the threads")
+        res.claim(f"{text} ({where})", f"{bsz} x the per-call overhead ({expect}) is paid once",
+                  f"{ratio:.1f}x faster; overhead ~{overhead_us:.1f} us per separate call", ratio >= 2)
+    if gpu is None:
+        res.claim(text + " (GPU)", f"{bsz} x a ~5 us kernel launch vs one launch", "-", None, NO_GPU)
+    res.add_table("launch_overhead", rows)
+
+
+# ---------------------------------------------------------------- part 5: AlexNet conv1
+
+
+def conv1_flops(batch: int) -> int:
+    """2 x B x C_out x H_out x W_out x (C_in x k x k): 2 x 96 x 55 x 55 x 363 = 211 MFLOP per image."""
+    c = CONV1
+    hw_out = (c["hw"] - c["k"]) // c["stride"] + 1  # 55
+    return 2 * batch * c["c_out"] * hw_out * hw_out * c["c_in"] * c["k"] * c["k"]
+
+
+def conv1_im2col(x: torch.Tensor, w: torch.Tensor, stride: int) -> torch.Tensor:
+    """The reference: a convolution is a matmul over unfolded patches."""
+    bsz, k = x.shape[0], w.shape[-1]
+    hw_out = (x.shape[-1] - k) // stride + 1
+    cols = F.unfold(x, k, stride=stride)  # (B, C_in*k*k, H_out*W_out) = (B, 363, 3025)
+    out = w.reshape(w.shape[0], -1) @ cols  # (B, 96, 3025)
+    return out.reshape(bsz, w.shape[0], hw_out, hw_out)
+
+
+def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, rates: dict) -> None:
+    c, bsz = CONV1, cfg.conv_batch
+    gen = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(bsz, c["c_in"], c["hw"], c["hw"], generator=gen)  # (B, 3, 227, 227)
+    w = torch.randn(c["c_out"], c["c_in"], c["k"], c["k"], generator=gen) / 11  # (96, 3, 11, 11)
+    ref = conv1_im2col(x[:2], w, c["stride"])
+    flops, rows = conv1_flops(bsz), []
+    torch.backends.cudnn.allow_tf32 = False  # strict FP32 on the GPU too, like the CPU (restored by keep_torch_settings)
+    for dev in (cpu, gpu):
+        if dev is None:
+            continue
+        xd, wd = x.to(dev.torch), w.to(dev.torch)
+        ok = rel_err(F.conv2d(xd[:2], wd, stride=c["stride"]), ref) < 1e-4
+        st = time_fn(lambda xd=xd, wd=wd: F.conv2d(xd, wd, stride=c["stride"]), dev, cfg.budget_s)
+        n = cfg.tc_n_cpu if not dev.is_cuda else cfg.tc_n_gpu
+        mm = rates.get((dev.spec, "fp32", n)) or 2 * n**3 / time_fn(matmul_fn(dev, torch.float32, n, cfg.seed), dev, 0.2).median_s / 1e9
+        peak = peak_for(dev, "fp32")[0]
+        rows.append({"device": dev.spec, "threads": None if dev.is_cuda else torch.get_num_threads(), "batch": bsz, "gflop": flops / 1e9, **stats_cols(st),
+                     "gflops": flops / st.median_s / 1e9, "images_per_s": bsz / st.median_s, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6,
+                     "peak_gflops": peak, "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "matches_reference": ok})
+    df = res.add_table("alexnet_conv1", rows)
+    res.note("AlexNet (2012) trained on two GTX 580s: 1.58 TFLOP/s FP32 each by the spec sheet (512 cores x 1.544 GHz x 2), "
+             f"so conv1 at batch {bsz} ({flops / 1e9:.1f} GFLOP) took at least {flops / 1.58e12 * 1e3:.1f} ms on one of them.")
+    r = df.iloc[0]
+    res.claim(f"AlexNet conv1 is a matmul in disguise: FLOPs / the measured FP32 matmul rate predicts its CPU time within 2x (batch {bsz})",
+              f"{r.napkin_ms:.0f} ms = {r.gflop:.1f} GFLOP / {r.matmul_gflops:.0f} GFLOP/s", f"{r.median_ms:.0f} ms ({r.median_ms / r.napkin_ms:.2f}x the napkin)",
+              0.5 <= r.median_ms / r.napkin_ms <= 2)
+    text = f"The GPU runs AlexNet conv1 (batch {bsz}) >=10x faster than all CPU threads"
+    if gpu is None:
+        res.claim(text, "FP32 peaks differ ~10-100x between a data-centre GPU and a CPU", "-", None, NO_GPU)
+    else:
+        g = df.iloc[1]
+        res.claim(text, f"{g.peak_gflops / r.peak_gflops:.0f}x from the FP32 peaks" if g.peak_gflops and r.peak_gflops else "peaks unknown",
+                  f"{r.median_ms / g.median_ms:.0f}x ({g.median_ms:.2f} ms vs {r.median_ms:.0f} ms)", r.median_ms / g.median_ms >= 10)
+
+
+# ---------------------------------------------------------------- part 6: host <-> device copies
+
+
+def pcie_GBps(gpu: Device) -> tuple[float | None, str]:
+    """Per-direction PCIe link bandwidth from NVML's current generation and width."""
+    per_lane = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}  # GB/s per lane after encoding
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        gen, width = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h), pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)
+        return per_lane.get(gen, 0) * width or None, f"PCIe gen {gen} x{width} (NVML)"
+    except Exception as exc:  # NVML absent or failing: say so instead of guessing
+        return None, f"PCIe link unknown ({type(exc).__name__})"
+
+
+def copy_fn(direction: str, host: torch.Tensor, dev_buf: torch.Tensor, non_blocking: bool) -> Callable[[], torch.Tensor]:
+    """One copy; asynchronous only from pinned memory (the CUDA events still bracket it)."""
+    if direction == "host->device":
+        return lambda: dev_buf.copy_(host, non_blocking=non_blocking)
+    return lambda: host.copy_(dev_buf, non_blocking=non_blocking)
+
+
+def part_copies(res: LabResult, cfg: Config, gpu: Device | None, progress) -> None:
+    text = "Pinned host memory copies faster than pageable memory"
+    if gpu is None:
+        res.claim(text, "pageable copies go through a staging buffer: ~0.5-0.8x of pinned", "-", None, NO_GPU)
+        return
+    link, source = pcie_GBps(gpu)
+    rows = []
+    for mb in track(progress, cfg.copy_sizes_mb, "copies"):
+        nbytes = mb * 2**20
+        dev_buf = torch.empty(nbytes, dtype=torch.uint8, device=gpu.torch)
+        for memory in ("pageable", "pinned"):
+            host = torch.ones(nbytes, dtype=torch.uint8)
+            host = host.pin_memory() if memory == "pinned" else host
+            for direction in ("host->device", "device->host"):
+                st = time_fn(copy_fn(direction, host, dev_buf, non_blocking=memory == "pinned"), gpu, cfg.budget_s)
+                bw = nbytes / st.median_s / 1e9
+                rows.append({"memory": memory, "direction": direction, "MiB": mb, **stats_cols(st), "GBps": bw, "link_GBps": link, "pct_of_link": _pct(bw, link), "link": source})
+        del dev_buf, host
+    df = res.add_table("copy_bandwidth", rows)
+    res.charts.append(Chart("Host<->device copy bandwidth", "copy_bandwidth", "MiB", "GBps", series="memory", logx=True, xlabel="MiB per copy (log)", ylabel="GB/s"))
+    best = df[df.direction == "host->device"].groupby("memory")["GBps"].max()
+    res.claim(text, f"pinned near the link ({link:.0f} GB/s, {source}); pageable lower" if link else f"pinned faster ({source})",
+              f"host->device: pinned {best['pinned']:.1f} GB/s, pageable {best['pageable']:.1f} GB/s", best["pinned"] > 1.1 * best["pageable"])
