@@ -214,10 +214,8 @@ def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: 
 
 
 def stats_cols(st: Stats) -> dict[str, float | int]:
-    """Timing columns of a table row (`samples` is the number of timed calls)."""
-    d = st.as_dict()
-    d["samples"] = d.pop("n")
-    return d
+    """Timing columns of a table row (the number of samples, min, max and mean stay out: tables stay readable)."""
+    return {"median_ms": st.median_ms, "p10_ms": st.p10_ms, "p90_ms": st.p90_ms}
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -334,25 +332,25 @@ def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, swe
 
             if work_counts(work, size)["py_ops"] <= cfg.python_max_ops:
                 py = work_py(work, xs)
-                rows.append(size_row(work, "python loop", 1, size, time_fn(py, cpu, cfg.budget_s), matches(work, py(), ref), None, None))
+                rows.append(size_row(work, "python loop", size, time_fn(py, cpu, cfg.budget_s), matches(work, py(), ref), None, None))
             for t in (sweep if size == sizes[-1] else sorted({1, top})):
                 with torch_threads(t):
                     st = time_fn(fn, cpu, cfg.budget_s)
                     ok = matches(work, fn(), ref)
                 if t in (1, top):
-                    rows.append(size_row(work, cpu_way(t), t, size, st, ok, cpu_peak_gflops(t), None))
+                    rows.append(size_row(work, cpu_way(t), size, st, ok, cpu_peak_gflops(t), None))
                 if size == sizes[-1]:
                     scaling.append({"work": work, "size": size, "threads": t, **stats_cols(st)})
             if gpu is not None:
                 gxs = tuple(x.to(gpu.torch) for x in xs)
                 gfn = work_fn(work, gxs)
                 peak_g, peak_bw = peak_for(gpu, "fp32")[0], bandwidth_spec_GBps(gpu)[0]
-                rows.append(size_row(work, "gpu", None, size, time_fn(gfn, gpu, cfg.budget_s), matches(work, gfn(), ref), peak_g, peak_bw))
+                rows.append(size_row(work, "gpu", size, time_fn(gfn, gpu, cfg.budget_s), matches(work, gfn(), ref), peak_g, peak_bw))
                 copies = work_with_copies(work, xs, gpu)
-                rows.append(size_row(work, "gpu + copies", None, size, time_fn(copies, gpu, cfg.budget_s), matches(work, copies(), ref), peak_g, None))
+                rows.append(size_row(work, "gpu + copies", size, time_fn(copies, gpu, cfg.budget_s), matches(work, copies(), ref), peak_g, None))
                 del gxs, gfn
             del xs, fn, ref
-        mismatches += [f"{r['work']} {r['way']} size {r['size']}" for r in rows if not r["matches_reference"]]
+        mismatches += [f"{work} {r['way']} size {r['size']}" for r in rows if not r["ok"]]
         res.add_table(f"throughput_{work}", rows)
         y = "gflops" if work == "matmul" else "gelems_per_s"
         xlabel = "n (n x n matrices, log)" if work == "matmul" else "elements (log)"
@@ -363,15 +361,17 @@ def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, swe
     claims_sizes(res, cfg, gpu, top)
 
 
-def size_row(work: str, way: str, threads: int | None, size: int, st: Stats, ok: bool, peak_gflops: float | None, peak_GBps: float | None) -> dict:
-    """One measurement of part 1: timing, throughput in three units, and the peaks beside them."""
+def size_row(work: str, way: str, size: int, st: Stats, ok: bool, peak_gflops: float | None, peak_GBps: float | None) -> dict:
+    """One measurement of part 1: timing, throughput in three units, and the share of the FP32 / bandwidth peak.
+
+    `ok`: the result matches the CPU reference. Bytes are the minimum moved (each input read once,
+    the output written once), so GBps is a lower bound on the real traffic.
+    """
     c, s = work_counts(work, size), st.median_s
     gflops, gbps = c["flops"] / s / 1e9, c["bytes"] / s / 1e9
     return {
-        "work": work, "way": way, "threads": threads, "size": size, "elements": c["elements"], "flops": c["flops"], "bytes": c["bytes"],
-        **stats_cols(st), "gelems_per_s": c["elements"] / s / 1e9, "gflops": gflops, "GBps": gbps,
-        "peak_gflops": peak_gflops, "pct_of_peak_flops": _pct(gflops, peak_gflops), "peak_GBps": peak_GBps, "pct_of_peak_bw": _pct(gbps, peak_GBps),
-        "matches_reference": ok,
+        "way": way, "size": size, **stats_cols(st), "gelems_per_s": c["elements"] / s / 1e9, "gflops": gflops, "GBps": gbps,
+        "pct_peak_flops": _pct(gflops, peak_gflops), "pct_peak_bw": _pct(gbps, peak_GBps), "ok": ok,
     }
 
 
@@ -478,7 +478,7 @@ def part_waves(res: LabResult, cfg: Config, gpu: Device | None, progress) -> Non
         a, out = a_all[:m], torch.empty(m, n, device=gpu.torch, dtype=torch.float16)
         st = time_fn(lambda a=a, out=out: torch.mm(a, b, out=out), gpu, cfg.budget_s)
         tiles = math.ceil(m / TILE) * (n // TILE)
-        rows.append({"M": m, "N": n, "K": k, "sm_count": sms, "tiles": tiles, "waves": tiles / sms, **stats_cols(st), "tflops": 2 * m * n * k / st.median_s / 1e12})
+        rows.append({"M": m, "N": n, "K": k, "tiles": tiles, "waves": tiles / sms, **stats_cols(st), "tflops": 2 * m * n * k / st.median_s / 1e12})
     df = res.add_table("wave_quantization", rows)
     res.charts.append(Chart(f"FP16 matmul throughput vs M (N = {TILE} x {sms} SMs)", "wave_quantization", "M", "tflops", xlabel="M (rows)", ylabel="TFLOP/s"))
     drops = [(1 - df.tflops[i + 1] / df.tflops[i], int(df.M[i + 1])) for i in range(len(df) - 1)]
@@ -504,7 +504,7 @@ def precision_setter(precision: str) -> Callable[[], None]:
 
 
 def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, rates: dict) -> None:
-    rows = []
+    rows, sources = [], {}
     dtypes = {"fp32": (torch.float32, "highest"), "tf32": (torch.float32, "high"), "bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")}
     for dev, n, names in ((cpu, cfg.tc_n_cpu, ("fp32", "bf16")), (gpu, cfg.tc_n_gpu, ("fp32", "tf32", "bf16", "fp16"))):
         if dev is None:
@@ -522,8 +522,11 @@ def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | No
             peak, source = peak_for(dev, name)
             rates[(dev.spec, name, n)] = gflops
             rows.append({"device": dev.spec, "dtype": name, "n": n, **stats_cols(st), "gflops": gflops, "peak_gflops": peak, "pct_of_peak": _pct(gflops, peak),
-                         "speedup_vs_fp32": gflops / rates[(dev.spec, "fp32", n)], "rel_err_vs_fp32": rel_err(out, outs[0]), "peak_source": source})
+                         "speedup_vs_fp32": gflops / rates[(dev.spec, "fp32", n)], "rel_err_vs_fp32": rel_err(out, outs[0])})
+            sources[dev.spec] = source
     res.add_table("tensor_cores", rows)
+    for spec, source in sources.items():
+        res.note(f"Peaks for {spec}: {source}.")
     isa = cpu_isa()
     unit = "AMX-BF16 tiles" if isa["amx_bf16"] else ("no AMX; AVX512_BF16 dot products" if isa["avx512_bf16"] else "no AMX and no BF16 SIMD")
     res.note(f"CPU matrix unit: {'yes (AMX)' if isa['amx_bf16'] else 'none: this CPU has no AMX'}; BF16 SIMD (AVX512_BF16): {'yes' if isa['avx512_bf16'] else 'no'}.")
@@ -574,7 +577,7 @@ def part_launch(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, to
             st_loop, st_bmm = time_interleaved([loop, bmm], dev, max(cfg.budget_s, 0.2))
         for way, st in (("loop of mm", st_loop), ("one bmm", st_bmm)):
             rows.append({"device": dev.spec, "threads": threads, "way": way, "count": bsz, "n": n, **stats_cols(st), "us_per_matmul": 1e3 * st.median_ms / bsz,
-                         "gflops": 2 * bsz * n**3 / st.median_s / 1e9, "matches_reference": ok})
+                         "gflops": 2 * bsz * n**3 / st.median_s / 1e9, "ok": ok})
         ratio = st_loop.median_ms / st_bmm.median_ms
         overhead_us = 1e3 * (st_loop.median_ms - st_bmm.median_ms) / bsz
         where = "GPU" if dev.is_cuda else cpu_way(threads)
@@ -611,7 +614,7 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, r
     x = torch.randn(bsz, c["c_in"], c["hw"], c["hw"], generator=gen)  # (B, 3, 227, 227)
     w = torch.randn(c["c_out"], c["c_in"], c["k"], c["k"], generator=gen) / 11  # (96, 3, 11, 11)
     ref = conv1_im2col(x[:2], w, c["stride"])
-    flops, rows = conv1_flops(bsz), []
+    flops, rows, peaks = conv1_flops(bsz), [], {}
     torch.backends.cudnn.allow_tf32 = False  # strict FP32 on the GPU too, like the CPU (restored by keep_torch_settings)
     for dev in (cpu, gpu):
         if dev is None:
@@ -623,8 +626,8 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, r
         mm = rates.get((dev.spec, "fp32", n)) or 2 * n**3 / time_fn(matmul_fn(dev, torch.float32, n, cfg.seed), dev, 0.2).median_s / 1e9
         peak = peak_for(dev, "fp32")[0]
         rows.append({"device": dev.spec, "threads": None if dev.is_cuda else torch.get_num_threads(), "batch": bsz, "gflop": flops / 1e9, **stats_cols(st),
-                     "gflops": flops / st.median_s / 1e9, "images_per_s": bsz / st.median_s, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6,
-                     "peak_gflops": peak, "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "matches_reference": ok})
+                     "gflops": flops / st.median_s / 1e9, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6, "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "ok": ok})
+        peaks[dev.spec] = peak
     df = res.add_table("alexnet_conv1", rows)
     res.note("AlexNet (2012) trained on two GTX 580s: 1.58 TFLOP/s FP32 each by the spec sheet (512 cores x 1.544 GHz x 2), "
              f"so conv1 at batch {bsz} ({flops / 1e9:.1f} GFLOP) took at least {flops / 1.58e12 * 1e3:.1f} ms on one of them.")
@@ -637,7 +640,8 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, r
         res.claim(text, "FP32 peaks differ ~10-100x between a data-centre GPU and a CPU", "-", None, NO_GPU)
     else:
         g = df.iloc[1]
-        res.claim(text, f"{g.peak_gflops / r.peak_gflops:.0f}x from the FP32 peaks" if g.peak_gflops and r.peak_gflops else "peaks unknown",
+        pg, pc = peaks[gpu.spec], peaks[cpu.spec]
+        res.claim(text, f"{pg / pc:.0f}x from the FP32 peaks" if pg and pc else "peaks unknown",
                   f"{r.median_ms / g.median_ms:.0f}x ({g.median_ms:.2f} ms vs {r.median_ms:.0f} ms)", r.median_ms / g.median_ms >= 10)
 
 
@@ -681,7 +685,7 @@ def part_copies(res: LabResult, cfg: Config, gpu: Device | None, progress) -> No
             for direction in ("host->device", "device->host"):
                 st = time_fn(copy_fn(direction, host, dev_buf, non_blocking=memory == "pinned"), gpu, cfg.budget_s)
                 bw = nbytes / st.median_s / 1e9
-                rows.append({"memory": memory, "direction": direction, "MiB": mb, **stats_cols(st), "GBps": bw, "link_GBps": link, "pct_of_link": _pct(bw, link), "link": source})
+                rows.append({"memory": memory, "direction": direction, "MiB": mb, **stats_cols(st), "GBps": bw, "link_GBps": link, "pct_of_link": _pct(bw, link)})
         del dev_buf, host
     df = res.add_table("copy_bandwidth", rows)
     res.charts.append(Chart("Host<->device copy bandwidth", "copy_bandwidth", "MiB", "GBps", series="memory", logx=True, xlabel="MiB per copy (log)", ylabel="GB/s"))
