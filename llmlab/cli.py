@@ -168,7 +168,168 @@ def env(
     out.print(Pretty(data, expand_all=True))
 
 
+@app.command("models", rich_help_panel=TOOLS)
+def models_(
+    device: DeviceOpt = "auto",
+    gpu: GpuOpt = None,
+    json_: JsonOpt = False,
+    dtype: Annotated[str, typer.Option(help="Weights dtype for the size and fit columns: bfloat16 | float16 | float32.")] = "bfloat16",
+) -> None:
+    """The built-in pair and the arch: registry: parameters, KV bytes per token (BF16), whether each fits."""
+    from rich.table import Table
+
+    from llmlab.core.device import resolve_device
+    from llmlab.core.models import model_rows
+
+    dev = resolve_device(device, gpu)
+    rows = model_rows(dev, dtype)
+    if json_:
+        sys.stdout.write(json.dumps({"device": dev.spec, "dtype": dtype, "models": rows}, indent=2) + "\n")
+        return
+    t = Table(title=f"models ({dtype} weights on {dev.spec}; arch: = random weights, timings only)")
+    for col in ("ref", "params", "layers", "heads/kv", "head_dim", "KV KiB/token", "weights GiB", "fits"):
+        t.add_column(col, justify="left" if col == "ref" else "right")
+    for r in rows:
+        t.add_row(r["ref"], f"{r['params'] / 1e6:,.1f} M", str(r["layers"]), f"{r['heads']}/{r['kv_heads']}",
+                  str(r["head_dim"]), f"{r['kv_bytes_per_token'] / 1024:g}", f"{r['weights_bytes'] / 2**30:.2f}",
+                  "yes" if r["fits"] else "[red]no[/]")
+    out.print(t)
+    out.print("[dim]KV bytes/token = 2 (K and V) x layers x kv_heads x head_dim x 2 bytes (BF16)[/]")
+
+
+@app.command("generate", rich_help_panel=TOOLS)
+def generate_(
+    prompt: Annotated[str, typer.Argument(help="The text to continue.")],
+    model: ModelOpt = "tiny",
+    device: DeviceOpt = "auto",
+    gpu: GpuOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate.")] = 64,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; > 0 samples.")] = 0.0,
+    seed: SeedOpt = 0,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own Python code (only if you trust it).")] = False,
+) -> None:
+    """Stream a continuation token by token, to see the model you are measuring."""
+    import time
+
+    from llmlab.core.device import resolve_device
+    from llmlab.core.models import load, stream_generate
+
+    lm = load(model, resolve_device(device, gpu), trust_remote_code=trust_remote_code)
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    n, t0 = 0, time.perf_counter()
+    for piece in stream_generate(lm, prompt, max_new_tokens, temperature, seed):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        n += 1
+    sys.stdout.write("\n")
+    dt = time.perf_counter() - t0
+    err.print(f"[dim]{lm.ref}: {n} tokens in {dt:.2f} s ({1000 * dt / max(n, 1):.1f} ms/token, prefill included)[/]")
+
+
+tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
+app.add_typer(tiny_app, name="tiny", rich_help_panel=TOOLS)
+
+
+def _tiny_summary(metrics: dict) -> None:
+    a = metrics["agreement"]["agreement"]
+    out.print(f"held-out loss: tiny {metrics['loss_target']:.3f}, tiny-draft {metrics['loss_draft']:.3f}, "
+              f"unigram {metrics['loss_unigram']:.3f} nats/token (perplexity {metrics['ppl_target']:.1f} / "
+              f"{metrics['ppl_draft']:.1f} / {metrics['ppl_unigram']:.1f})")
+    out.print(f"greedy agreement: {a:.3f} over {metrics['agreement']['positions']} positions")
+    if "c_ratio" in metrics:
+        out.print(f"decode: tiny {metrics['decode_target']['median_ms']:.2f} ms/token, tiny-draft "
+                  f"{metrics['decode_draft']['median_ms']:.2f} ms/token, c = {metrics['c_ratio']:.3f}, "
+                  f"predicted speed-up at k = 4: {metrics['expected_speedup_k4']:.2f}x")
+
+
+@tiny_app.command("train")
+def tiny_train(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for tiny/, tiny-draft/, MODEL_CARD.md, metrics.json.")] = Path("tiny-pair"),
+    minutes: Annotated[Optional[float], typer.Option(min=0.1, help="Wall-clock budget for both models; steps are sized from a timed trial step. Default: the shipped run's fixed steps.", show_default=False)] = None,
+    target_steps: Annotated[Optional[int], typer.Option(min=1, help="Steps for tiny (default: the shipped run's).", show_default=False)] = None,
+    draft_steps: Annotated[Optional[int], typer.Option(min=1, help="Distillation steps for tiny-draft (default: the shipped run's).", show_default=False)] = None,
+    seed: SeedOpt = 0,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads (default: torch's).", show_default=False)] = None,
+    micro: Annotated[bool, typer.Option("--micro", help="A toy run of seconds (what the tests train).")] = False,
+) -> None:
+    """Reproduce the built-in pair from scratch: corpus, tokenizer, tiny, then tiny-draft distilled from it."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from llmlab.core.results import command_line
+    from llmlab.tiny.card import build_pair
+    from llmlab.tiny.train import TrainConfig
+
+    base = TrainConfig.micro() if micro else TrainConfig()
+    given = dict(target_steps=target_steps, draft_steps=draft_steps, threads=threads)
+    cfg = dataclasses.replace(base, seed=seed, minutes=minutes, **{k: v for k, v in given.items() if v is not None})
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=err)
+    tasks: dict[str, int] = {}
+
+    def on_step(phase: str, step: int, total: int, loss: float) -> None:
+        if phase not in tasks:
+            label = "tiny (cross-entropy)" if phase == "target" else "tiny-draft (KL to tiny)"
+            tasks[phase] = progress.add_task(label, total=total, loss="-")
+        progress.update(tasks[phase], completed=step, loss=f"{loss:.3f}")
+
+    err.print("[dim]building the corpus and the tokenizer...[/]")
+    with progress:
+        report, metrics = build_pair(cfg, out_dir, on_step, command=command_line())
+    _tiny_summary(metrics)
+    err.print(f"[dim]saved {out_dir}/tiny, {out_dir}/tiny-draft, {out_dir}/MODEL_CARD.md[/]")
+
+
+@tiny_app.command("eval")
+def tiny_eval(
+    weights: Annotated[Optional[Path], typer.Option(help="A folder with tiny/ and tiny-draft/ (default: the shipped pair).", show_default=False)] = None,
+    json_: JsonOpt = False,
+    no_timing: Annotated[bool, typer.Option("--no-timing", help="Skip the decode ms/token measurement.")] = False,
+) -> None:
+    """Re-measure a pair: held-out loss, unigram baseline, greedy agreement, decode ms/token."""
+    from llmlab.tiny.card import WEIGHTS, measure
+
+    folder = weights or WEIGHTS
+    if not (folder / "tiny" / "config.json").is_file() or not (folder / "tiny-draft" / "config.json").is_file():
+        raise UsageError(f"'{folder}' has no tiny/ and tiny-draft/ model folders")
+    metrics = measure(folder, timing=not no_timing)
+    if json_:
+        sys.stdout.write(json.dumps(metrics, indent=2) + "\n")
+    else:
+        _tiny_summary(metrics)
+
+
 # ---------------------------------------------------------------- labs
+
+
+@app.command("kvcache-growth", rich_help_panel=LABS)
+def kvcache_growth(
+    model: ModelOpt = "tiny",
+    cache_dtype: Annotated[Optional[str], typer.Option("--cache-dtype", help="Cache dtype of the registry table: fp32 | fp16 | bf16 | fp8 | int4-g64 | int4-g32 (4-bit + one FP16 scale per 64 / 32 values). Default bf16.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """Watch the KV cache grow: its bytes against the formula, GQA vs MHA, and the quadratic trap without it.
+
+    Every token leaves a key and a value per layer and KV head in the cache: 2 x layers x kv_heads x head_dim x bytes per token (Llama-2-7B: 512 KiB in BF16; Llama-3-8B, with 4 query heads sharing each KV head: 128 KiB). This lab grows a real cache (batch x length), sums its tensors and checks them byte for byte against that formula (and the sliding window of Mistral); compares the registry models (GiB at 4k/32k/128k, tokens and requests that fit after the weights, as vLLM reports them); and generates with and without the cache, fitting total time vs n: without it every token recomputes the whole prefix, so the total grows as n^2.
+    """
+    run_lab("kvcache-growth", Common(device, gpu, quick, json_, out, no_save, seed), model=model, cache_dtype=cache_dtype)
+
+
+@app.command("gpu-parallelism", rich_help_panel=LABS)
+def gpu_parallelism(
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these parts (repeatable): sizes, waves, tensor-cores, launch, alexnet, copies.", show_default=False)] = None,
+    max_threads: Annotated[Optional[int], typer.Option(help="Top of the CPU thread sweep (default: every usable CPU).", show_default=False)] = None,
+    conv_batch: Annotated[Optional[int], typer.Option(help="AlexNet conv1 batch size (default 128; 8 with --quick).", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """See parallelism: the same work as a Python loop, on 1..N CPU threads, and on the GPU.
+
+    A CPU has a handful of strong cores; a GPU thousands of simple ones in SMs, plus tensor cores for matmuls. This lab times an FMA, a reduction and a matmul at growing sizes four ways and finds where the GPU starts to win (below it, launch and copy overhead dominate); it shows the CPU's thread scaling against ideal, the wave-quantization saw-tooth around the SM count, FP32 vs TF32/BF16/FP16 (and whether the CPU has AMX), B small matmuls vs one bmm, AlexNet's conv1 at batch 128, and host<->device copy bandwidth. Without a GPU the GPU parts say "not measured: no GPU".
+    """
+    run_lab("gpu-parallelism", Common(device, gpu, quick, json_, out, no_save, seed),
+            parts=tuple(only) if only else None, max_threads=max_threads, conv_batch=conv_batch)
 
 
 # ---------------------------------------------------------------- entry point
