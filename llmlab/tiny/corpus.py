@@ -67,11 +67,13 @@ def topic_documents() -> list[tuple[str, str]]:
     return [(f"topic:{k}", topics[k].strip()) for k in sorted(topics)]
 
 
-def docstring_documents(files: list[Path]) -> list[tuple[str, str]]:
+def docstring_documents(files: list[Path], keep=lambda name: True) -> list[tuple[str, str]]:
     """One document per module: its docstrings (module, classes, functions) in source order."""
     docs = []
     root = stdlib_root()
     for path in files:
+        if not keep(f"doc:{path.relative_to(root).as_posix()}"):
+            continue
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
@@ -87,8 +89,9 @@ def docstring_documents(files: list[Path]) -> list[tuple[str, str]]:
     return docs
 
 
-def source_documents(files: list[Path], max_bytes: int) -> list[tuple[str, str]]:
-    """Source of the smallest-first modules until max_bytes: many whole files beat a few big ones."""
+def source_documents(files: list[Path], max_bytes: int, keep=lambda name: True) -> list[tuple[str, str]]:
+    """Source of the smallest-first modules until max_bytes: many whole files beat a few big ones.
+    keep: which of the chosen documents to return (the choice itself never depends on it)."""
     docs, total = [], 0
     root = stdlib_root()
     for path in sorted(files, key=lambda p: (p.stat().st_size, p.relative_to(root).as_posix())):
@@ -96,12 +99,14 @@ def source_documents(files: list[Path], max_bytes: int) -> list[tuple[str, str]]
             text = path.read_text(encoding="utf-8").strip()
         except (UnicodeDecodeError, ValueError):
             continue
-        if len(text) < 200 or EOT in text:
+        if len(text) < 200 or EOT in text:  # stubs teach little; EOT would forge a document boundary
             continue
         if total + len(text) > max_bytes:
             break
-        docs.append((f"src:{path.relative_to(root).as_posix()}", text))
         total += len(text)
+        name = f"src:{path.relative_to(root).as_posix()}"
+        if keep(name):
+            docs.append((name, text))
     return sorted(docs)
 
 
@@ -111,12 +116,15 @@ def heldout_of(name: str, fraction: float) -> bool:
     return int.from_bytes(digest[:4], "big") / 2**32 < fraction
 
 
-def build_corpus(heldout_fraction: float = 0.05, source_bytes: int = 1_500_000) -> Corpus:
-    """Topics + docstrings + source; 5 % of documents held out (about 150 kB: enough for a stable
+def build_corpus(heldout_fraction: float = 0.05, source_bytes: int = 1_500_000, heldout_only: bool = False) -> Corpus:
+    """Topics + docstrings + source; 5 % of documents held out (about 190 kB: enough for a stable
     loss estimate, small enough that evaluation takes seconds). 1.5 MB of source roughly doubles
-    the ~1.5 MB of English, so the models see both without code dominating."""
+    the ~1.5 MB of English, so the models see both without code dominating.
+    heldout_only: read only the held-out documents (fast; `train` is then empty)."""
     files = stdlib_files()
-    docs = topic_documents() + docstring_documents(files) + source_documents(files, source_bytes)
+    keep = (lambda name: heldout_of(name, heldout_fraction)) if heldout_only else (lambda name: True)
+    docs = ([d for d in topic_documents() if keep(d[0])] + docstring_documents(files, keep)
+            + source_documents(files, source_bytes, keep))
     train, held = [], []
     for name, text in docs:
         (held if heldout_of(name, heldout_fraction) else train).append(text.replace(EOT, ""))

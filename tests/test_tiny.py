@@ -1,0 +1,93 @@
+"""llmlab.tiny: the corpus, the tokenizer, training (a micro run), and the shipped pair's quality."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmlab.core.models import builtin_path
+from llmlab.tiny import card, corpus, evaluate, train
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(builtin_path("tiny")).eval()
+    draft = AutoModelForCausalLM.from_pretrained(builtin_path("tiny-draft")).eval()
+    tok = AutoTokenizer.from_pretrained(builtin_path("tiny"))
+    return target, draft, tok
+
+
+@pytest.fixture(scope="module")
+def heldout(pair):
+    return card.heldout_ids(pair[2])
+
+
+def test_split_is_deterministic_and_by_name():
+    assert corpus.heldout_of("doc:os.py", 0.05) == corpus.heldout_of("doc:os.py", 0.05)
+    names = [f"doc:m{i}.py" for i in range(2000)]
+    share = sum(corpus.heldout_of(n, 0.05) for n in names) / len(names)
+    assert 0.03 < share < 0.07
+    topics = corpus.topic_documents()
+    assert [n for n, _ in topics] == sorted(n for n, _ in topics)
+
+
+def test_tokenizer_round_trips(pair):
+    tok = pair[2]
+    text = "def f(x):\n    return x ** 2  # héllo, 世界\n"
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    assert tok.convert_tokens_to_ids(corpus.EOT) == 0 == tok.eos_token_id
+    assert len(tok) == 4096
+
+
+def test_lr_schedule_warms_up_then_decays():
+    cfg = train.TrainConfig()
+    lrs = [train.lr_at(s, 100, 1.0, cfg) for s in range(100)]
+    assert lrs[0] < lrs[4] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[5:], lrs[6:]))
+    assert lrs[-1] == pytest.approx(cfg.min_lr_frac, abs=0.01)
+
+
+def test_micro_training_loss_falls(tmp_path):
+    cfg = train.TrainConfig.micro()
+    seen = []
+    report, _ = train.train_pair(cfg, tmp_path, on_step=lambda *a: seen.append(a))
+    first, last = report.target_losses[:5], report.target_losses[-5:]
+    assert sum(last) / 5 < sum(first) / 5 - 0.2
+    assert report.draft_losses[-1] < report.draft_losses[0]
+    assert len(seen) == cfg.target_steps + cfg.draft_steps
+    assert (tmp_path / "tiny" / "model.safetensors").is_file() and (tmp_path / "tiny-draft" / "tokenizer.json").is_file()
+
+
+def test_micro_training_is_reproducible(tmp_path):
+    cfg = train.TrainConfig.micro()
+    a, _ = train.train_pair(cfg, tmp_path / "a")
+    b, _ = train.train_pair(cfg, tmp_path / "b")
+    assert a.target_losses == b.target_losses
+
+
+def test_target_beats_draft_on_heldout(pair, heldout):
+    target, draft, _ = pair
+    lt = evaluate.heldout_loss(target, heldout, max_tokens=4096)
+    ld = evaluate.heldout_loss(draft, heldout, max_tokens=4096)
+    assert lt < ld
+
+
+def test_greedy_agreement_at_least_055(pair, heldout):
+    target, draft, _ = pair
+    prompts = evaluate.heldout_prompts(heldout, n=8)
+    result = evaluate.greedy_agreement(target, draft, prompts, new_tokens=32)
+    assert result["positions"] == 8 * 32
+    assert result["target_self_consistency"] > 0.95
+    assert result["agreement"] >= 0.55
+
+
+def test_model_card_numbers_hold():
+    m = json.loads((card.WEIGHTS / "metrics.json").read_text())["metrics"]
+    assert m["loss_target"] < m["loss_draft"] < m["loss_unigram"]
+    assert m["agreement"]["agreement"] >= 0.55
+    assert m["c_ratio"] <= 0.25
+    text = (card.WEIGHTS / "MODEL_CARD.md").read_text()
+    assert f"{m['agreement']['agreement']:.3f}" in text and f"{m['loss_target']:.3f}" in text
