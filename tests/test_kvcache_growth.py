@@ -1,0 +1,174 @@
+"""kvcache-growth: the formula against published numbers and real HF caches, the fit, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from llmlab.core.device import Device
+from llmlab.core.models import ARCHS, arch_config, load
+from llmlab.labs import kvcache_growth as kv
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load("tiny", "cpu").model
+
+
+# ---------------------------------------------------------------- the formula
+
+
+@pytest.mark.parametrize("name,kib", [("llama-2-7b", 512), ("llama-3-8b", 128), ("llama-3.1-70b", 320),
+                                      ("mistral-7b", 128), ("qwen2.5-7b", 56)])
+def test_bf16_kib_per_token_matches_published_arithmetic(name, kib):
+    assert kv.kv_bytes(arch_config(name), kv.cache_dtype("bf16")) == kib * 1024
+
+
+def test_cache_dtypes_and_scale_overhead():
+    c = arch_config("llama-3-8b")
+    bf16 = kv.kv_bytes(c, kv.cache_dtype("bf16"))
+    assert kv.kv_bytes(c, kv.cache_dtype("fp32")) == 2 * bf16
+    assert kv.kv_bytes(c, kv.cache_dtype("fp8")) == bf16 / 2
+    g64, g32 = kv.cache_dtype("int4-g64"), kv.cache_dtype("int4-g32")
+    assert g64.bytes_per_elem == 0.5 + 2 / 64 and g64.scale_overhead == pytest.approx(0.0625)
+    assert g32.bytes_per_elem == 0.5 + 2 / 32 and g32.scale_overhead == pytest.approx(0.125)
+    assert kv.cache_dtype("int4") == g64 and kv.cache_dtype("bfloat16").name == "bf16"
+    with pytest.raises(ValueError, match="unknown cache dtype"):
+        kv.cache_dtype("int3")
+
+
+def test_sliding_window_caps_only_mistral():
+    assert kv.sliding_window(arch_config("mistral-7b")) == 4096
+    assert kv.sliding_window(arch_config("qwen2.5-7b")) is None  # the field exists, switched off
+    assert kv.sliding_window(arch_config("llama-3-8b")) is None
+    m = arch_config("mistral-7b")
+    assert kv.kv_cache_bytes(m, 32768, 1, 2) == kv.kv_cache_bytes(m, 4096, 1, 2) == 4096 * 128 * 1024
+    assert kv.cached_tokens(10, 4, hf_dynamic=True) == 3 and kv.cached_tokens(3, 4) == 3
+
+
+def test_attention_kind():
+    assert [kv.attention_kind(h, k) for h, k in [(32, 32), (32, 8), (32, 1)]] == ["MHA", "GQA-4", "MQA"]
+
+
+# ---------------------------------------------------------------- the real cache
+
+
+def _cfg(**kw):
+    return kv.Config(**{**dict(batches=(1, 3), lengths=(1, 5, 17, 40), static_max_len=40, gen_tokens=8), **kw})
+
+
+def test_measured_cache_bytes_equal_the_formula_at_every_length(tiny):
+    weights = sum(p.numel() * p.element_size() for p in tiny.parameters())
+    rows, notes = kv.measure_cache_rows(tiny, Device("cpu"), _cfg(), weights)
+    assert not notes
+    assert {(r["cache"], r["batch"]) for r in rows} == {("dynamic", 1), ("dynamic", 3), ("static", 1)}
+    for r in rows:
+        assert r["match"] and r["measured_bytes"] == r["formula_bytes"], r
+        if r["cache"] == "dynamic":  # 2 x 6 layers x 2 KV heads x 64 x 4 bytes per token
+            assert r["measured_bytes"] == r["batch"] * r["seq_len"] * 6144 == r["storage_bytes"]
+        else:  # preallocated from the first token
+            assert r["cached_tokens"] == 40 and r["measured_bytes"] == 40 * 6144
+
+
+def test_sweep_stops_at_the_context_limit_and_cpu_budget(tiny):
+    cfg = _cfg(batches=(1, 4), lengths=(8, 16, 32, 9000), cpu_token_budget=64)
+    rows, notes = kv.measure_cache_rows(tiny, Device("cpu"), cfg, 1)
+    assert max(r["seq_len"] for r in rows if r["batch"] == 1) == 32
+    assert max(r["seq_len"] for r in rows if r["batch"] == 4) == 16
+    assert any("context limit" in n for n in notes) and any("CPU budget" in n for n in notes)
+
+
+def test_sliding_window_skeleton_matches_hf():
+    rows = kv.sliding_window_rows(kv.Config(window_probe=8))
+    assert all(r["match"] for r in rows)
+    assert [r["cached_tokens"] for r in rows] == [min(r["seq_len"], 7) for r in rows]
+
+
+def test_skeleton_caches_match_the_formula_for_every_registry_model():
+    for name in ARCHS:
+        assert kv.measured_kv_per_token(name, tokens=3) == kv.kv_bytes(arch_config(name), 2), name
+
+
+def test_allocator_rows_run_with_stand_in_counters(tiny):
+    mem = (lambda: 0, lambda: 0, lambda: None)
+    rows = kv.allocator_rows(tiny, Device("cpu"), _cfg(batches=(2,), lengths=(4, 9)), mem=mem)
+    assert [(r["cache"], r["seq_len"]) for r in rows] == [("dynamic", 4), ("dynamic", 9), ("static", 4), ("static", 9)]
+    assert all(r["cache_bytes"] == 2 * r["seq_len"] * 6144 for r in rows)
+
+
+class _Box(Device):
+    def total_memory_bytes(self) -> int:
+        return 100 * 2**30
+
+
+def test_registry_capacity_is_budget_over_bytes_per_token():
+    rows = {r["model"]: r for r in kv.registry_rows(kv.Config(), _Box("cpu"))}
+    l3 = rows["llama-3-8b"]
+    budget = 0.9 * 100 * 2**30 - l3["weights_bf16_GiB"] * 2**30
+    assert l3["kv_cache_tokens"] == int(budget // (128 * 1024))
+    assert l3["max_concurrency"] == pytest.approx(budget / (4096 * 128 * 1024))
+    assert l3["GiB_at_128k"] == 16 and rows["llama-2-7b"]["GiB_at_4k"] == 2
+    assert rows["mistral-7b"]["GiB_at_128k"] == 0.5  # the window caps it
+    assert rows["llama-3.1-70b"]["weights_fit"] is False and rows["llama-3.1-70b"]["kv_cache_tokens"] == 0
+
+
+# ---------------------------------------------------------------- the quadratic trap
+
+
+def test_fit_tells_quadratic_from_linear():
+    n = np.arange(1, 101, dtype=float)
+    rng = np.random.default_rng(0)
+    quad = np.cumsum(0.01 + 0.0003 * n) + rng.normal(0, 1e-3, n.size)
+    line = np.cumsum(0.01 + rng.normal(0, 1e-3, n.size))
+    fq, fl = kv.fit_growth(n, quad), kv.fit_growth(n, line)
+    assert kv.is_quadratic(fq) and fq[2]["coef"][0] == pytest.approx(0.00015, rel=0.05)
+    assert not kv.is_quadratic(fl) and fl[1]["r2"] > 0.999
+
+
+def test_without_cache_generates_the_same_tokens(tiny):
+    ids = torch.randint(0, 4096, (2, 5), generator=torch.Generator().manual_seed(0))
+    a, ta = kv.generate_with_cache(tiny, ids, 6)
+    b, tb = kv.generate_without_cache(tiny, ids, 6)
+    assert torch.equal(a, b) and len(ta) == len(tb) == 6
+
+
+def test_config_validation():
+    for bad in (dict(cache_dtype="int3"), dict(lengths=(4, 2)), dict(gen_repeats=1), dict(batches=(0,)),
+                dict(memory_utilization=1.5), dict(dtype="int8")):
+        with pytest.raises(ValueError):
+            kv.Config(**bad)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_cli_quick_json_end_to_end():
+    p = subprocess.run([sys.executable, "-m", "llmlab", "kvcache-growth", "--device", "cpu", "--quick", "--json", "--no-save"],
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads(p.stdout)
+    assert d["lab"] == "kvcache-growth"
+    cols = d["tables"]["real_cache"]["columns"]
+    assert all(r[cols.index("match")] for r in d["tables"]["real_cache"]["rows"])
+    reg = d["tables"]["registry"]
+    kib = {r[0]: r[reg["columns"].index("measured_bf16_KiB_per_token")] for r in reg["rows"]}
+    assert kib["llama-2-7b"] == 512 and kib["llama-3-8b"] == 128
+    claims = {c["text"]: c for c in d["claims"]}
+    assert claims["measured cache bytes equal the formula at every length"]["holds"] is True
+    assert claims["Llama 3 8B needs 4x less KV per token than Llama 2 7B"]["holds"] is True
+    assert claims["without a cache total generation time grows quadratically"]["holds"] in (True, False)
+    assert all(c["measured"] for c in d["claims"] if c["holds"] is not None)
+
+
+@pytest.mark.parametrize("args", [["--cache-dtype", "int3"], ["--model", "no-such-model"]])
+def test_bad_input_exits_2_with_one_line(args):
+    p = subprocess.run([sys.executable, "-m", "llmlab", "kvcache-growth", *args, "--no-save"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in p.stderr
