@@ -123,3 +123,50 @@ def test_cli_bad_input_exits_2_with_one_line(args):
     p = _cli(*args, "--no-save")
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+@dataclasses.dataclass(frozen=True)
+class _StandInGpu(gp.Device):
+    """A 'GPU' that is really the CPU: runs the lab's GPU code paths here (no real GPU figure comes out of it)."""
+
+    name = "stand-in GPU"
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    @property
+    def index(self) -> int:
+        return 0
+
+    @property
+    def torch(self):
+        return torch.device("cpu")
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
+    from types import SimpleNamespace
+
+    from llmlab.core import timing
+
+    cpu = resolve_device("cpu")
+    monkeypatch.setattr(gp, "measure", lambda fn, device, **kw: timing.measure(fn, cpu, **kw))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(multi_processor_count=2))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    cfg = dataclasses.replace(
+        gp.Config.quick(), sizes=(1000, 10_000), matmul_ns=(16, 32), python_max_ops=1000, budget_s=0.005, tc_n_cpu=64, tc_n_gpu=64,
+        wave_k=32, wave_max_waves=2, wave_step=64, launch_count=8, conv_batch=1, copy_sizes_mb=(1,),
+    )
+    res = gp.run(cfg, _StandInGpu("cuda:0"))
+    assert {"wave_quantization", "copy_bandwidth"} <= set(res.tables)
+    for w in gp.WORKS:
+        t = res.tables[f"throughput_{w}"]
+        assert {"gpu", "gpu + copies"} <= set(t.way) and t.ok.all()
+    assert set(res.tables["tensor_cores"].dtype) == {"fp32", "tf32", "bf16", "fp16"}
+    assert len(res.tables["alexnet_conv1"]) == 2 and res.tables["alexnet_conv1"].ok.all()
+    assert set(res.tables["copy_bandwidth"].memory) == {"pinned", "pageable"}
+    assert all(c.holds is not None for c in res.claims), [c.text for c in res.claims if c.holds is None]
+    assert torch.get_float32_matmul_precision() == "highest"

@@ -90,6 +90,8 @@ class Config:
         for name in ("tc_n_cpu", "tc_n_gpu", "wave_k", "wave_max_waves", "wave_step", "launch_count", "launch_n", "conv_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.wave_step > TILE:
+            raise ValueError(f"wave_step must be at most {TILE} (one tile row), got {self.wave_step}")
         if self.budget_s <= 0 or self.python_max_ops < 0:
             raise ValueError("budget_s must be > 0 and python_max_ops >= 0")
 
@@ -125,6 +127,9 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         res.note("No CUDA GPU: the GPU parts are marked 'not measured: no GPU' and no GPU figure appears.")
     rates: dict[tuple[str, str, int], float] = {}  # (device, dtype, n) -> measured matmul GFLOP/s, shared by parts 3 and 5
     with res.guard(), torch.no_grad(), keep_torch_settings():
+        torch.set_float32_matmul_precision("highest")  # strict FP32 unless a part asks for TF32
+        if gpu is not None:
+            torch.ones(1, device=gpu.torch).sum().item()  # create the CUDA context before anything is timed
         if "sizes" in cfg.parts:
             part_sizes(res, cfg, cpu, gpu, sweep, progress)
         if "waves" in cfg.parts:
@@ -176,17 +181,18 @@ def keep_torch_settings() -> Iterator[None]:
 
 
 def time_fn(fn: Callable[[], object], device: Device, budget_s: float, setup: Callable[[], object] | None = None) -> Stats:
-    """One probe call (also a warm-up), then as many timed calls as fit in budget_s (3..500).
+    """A warm-up call and a probe call, then as many timed calls as fit in budget_s (3..500).
 
     One sample per call, so per-call dispatch and launch overhead is in every sample: at small
     sizes that overhead is what the lab shows.
     """
-    if setup:
-        setup()
-    t0 = time.perf_counter()
-    fn()
-    device.synchronize()
-    probe = time.perf_counter() - t0
+    for _ in range(2):  # the first call warms up (lazy init, caches); the second is the probe
+        if setup:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        device.synchronize()
+        probe = time.perf_counter() - t0
     repeats = int(min(500, max(3, budget_s / max(probe, 1e-6))))
     return measure(fn, device, warmup=0 if probe > 0.05 else 3, repeats=repeats, setup=setup, max_time_s=budget_s)  # a slow probe was warm-up enough
 
@@ -219,8 +225,9 @@ def stats_cols(st: Stats) -> dict[str, float | int]:
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """||x - ref|| / ||ref|| in float64 on the CPU."""
-    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    """||x - ref|| / ||ref||, on x's device, in float64 if either side is float64 (else float32: enough for 1e-5)."""
+    dtype = torch.float64 if torch.float64 in (x.dtype, ref.dtype) else torch.float32
+    x, ref = x.detach().to(dtype), ref.detach().to(device=x.device, dtype=dtype)
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
@@ -481,8 +488,8 @@ def part_waves(res: LabResult, cfg: Config, gpu: Device | None, progress) -> Non
         rows.append({"M": m, "N": n, "K": k, "tiles": tiles, "waves": tiles / sms, **stats_cols(st), "tflops": 2 * m * n * k / st.median_s / 1e12})
     df = res.add_table("wave_quantization", rows)
     res.charts.append(Chart(f"FP16 matmul throughput vs M (N = {TILE} x {sms} SMs)", "wave_quantization", "M", "tflops", xlabel="M (rows)", ylabel="TFLOP/s"))
-    drops = [(1 - df.tflops[i + 1] / df.tflops[i], int(df.M[i + 1])) for i in range(len(df) - 1)]
-    worst, at = max(drops)
+    drops = [(1 - df.tflops[i + 1] / df.tflops[i], int(df.M[i + 1])) for i in range(len(df) - 1)]  # M grows by one step
+    worst, at = max(drops)  # wave_step <= TILE guarantees at least 2 points
     res.claim(text, expect, f"largest drop {100 * worst:.0f}% when M goes to {at} ({at / TILE:.2f} tile rows)", worst > 0.05)
 
 
@@ -515,7 +522,7 @@ def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | No
         for fn, setup in zip(fns, setups, strict=True):
             setup()
             outs.append(fn().float())
-        stats = time_interleaved(fns, dev, max(cfg.budget_s, 0.2), setups)  # interleaved: a busy neighbour slows every dtype alike
+        stats = time_interleaved(fns, dev, cfg.budget_s, setups)  # interleaved: a busy neighbour slows every dtype alike
         torch.set_float32_matmul_precision("highest")
         for name, st, out in zip(names, stats, outs, strict=True):
             gflops = 2 * n**3 / st.median_s / 1e9
@@ -574,7 +581,7 @@ def part_launch(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, to
         with torch_threads(threads or torch.get_num_threads()):
             loop, bmm = launch_fns(dev, bsz, n, cfg.seed)
             ok = rel_err(loop(), bmm()) < 1e-5
-            st_loop, st_bmm = time_interleaved([loop, bmm], dev, max(cfg.budget_s, 0.2))
+            st_loop, st_bmm = time_interleaved([loop, bmm], dev, cfg.budget_s)
         for way, st in (("loop of mm", st_loop), ("one bmm", st_bmm)):
             rows.append({"device": dev.spec, "threads": threads, "way": way, "count": bsz, "n": n, **stats_cols(st), "us_per_matmul": 1e3 * st.median_ms / bsz,
                          "gflops": 2 * bsz * n**3 / st.median_s / 1e9, "ok": ok})
@@ -623,7 +630,7 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, r
         ok = rel_err(F.conv2d(xd[:2], wd, stride=c["stride"]), ref) < 1e-4
         st = time_fn(lambda xd=xd, wd=wd: F.conv2d(xd, wd, stride=c["stride"]), dev, cfg.budget_s)
         n = cfg.tc_n_cpu if not dev.is_cuda else cfg.tc_n_gpu
-        mm = rates.get((dev.spec, "fp32", n)) or 2 * n**3 / time_fn(matmul_fn(dev, torch.float32, n, cfg.seed), dev, 0.2).median_s / 1e9
+        mm = rates.get((dev.spec, "fp32", n)) or 2 * n**3 / time_fn(matmul_fn(dev, torch.float32, n, cfg.seed), dev, cfg.budget_s).median_s / 1e9
         peak = peak_for(dev, "fp32")[0]
         rows.append({"device": dev.spec, "threads": None if dev.is_cuda else torch.get_num_threads(), "batch": bsz, "gflop": flops / 1e9, **stats_cols(st),
                      "gflops": flops / st.median_s / 1e9, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6, "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "ok": ok})
@@ -649,14 +656,17 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, r
 
 
 def pcie_GBps(gpu: Device) -> tuple[float | None, str]:
-    """Per-direction PCIe link bandwidth from NVML's current generation and width."""
+    """Per-direction PCIe link bandwidth from NVML's max generation and width for this device in this system.
+
+    (The *current* generation drops while the link idles, so it would understate the link.)
+    """
     per_lane = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}  # GB/s per lane after encoding
     try:
         import pynvml
 
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
-        gen, width = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h), pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)
+        gen, width = pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h), pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)
         return per_lane.get(gen, 0) * width or None, f"PCIe gen {gen} x{width} (NVML)"
     except Exception as exc:  # NVML absent or failing: say so instead of guessing
         return None, f"PCIe link unknown ({type(exc).__name__})"
