@@ -302,6 +302,27 @@ def tiny_eval(
 # ---------------------------------------------------------------- labs
 
 
+@app.command("samplers", rich_help_panel=LABS)
+def samplers(
+    model: ModelOpt = "tiny",
+    prompt: Annotated[Optional[str], typer.Option(help="The prompt whose next-token distribution meets each strategy.", show_default=False)] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Temperature of the 'temperature' strategy (> 0; 0 is greedy, shown anyway). Default 0.8.", show_default=False)] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="k of top-k (>= 1). Default 40.", show_default=False)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="p of top-p, the mass kept, in (0, 1]. Default 0.9.", show_default=False)] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", help="min-p: keep tokens with p >= min_p x p(top token), in [0, 1]. Default 0.1.", show_default=False)] = None,
+    samples: Annotated[Optional[int], typer.Option(help="Continuations per strategy for the quality table. Default 8.", show_default=False)] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens per continuation. Default 40.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """One distribution, four fates: greedy, temperature, top-k, top-p and min-p on a real next-token distribution, and what each costs.
+
+    The model scores every token of its vocabulary (4,096 for tiny, 128,256 for Llama 3); a sampler turns the scores into one token. Greedy takes the argmax; temperature reshapes the softmax; top-k keeps a fixed number of tokens, top-p the smallest set holding p of the mass, min-p every token at least min_p times as likely as the best. The lab shows what each keeps of the model's real distribution (bar charts), how many tokens each keeps when the model is sure or unsure, what the text looks like (distinct-n, repetition, log-probability, entropy; a temperature sweep), and the latency of one sampling step, ours and Hugging Face's, at vocabularies up to 151,936 and batches up to 128: top-p sorts the vocabulary, greedy reads it once ("top-p costs 9x greedy": reproduce or refute). A sorting-free top-p (FlashInfer's dual-pivot rejection, in torch) is checked to sample the same distribution (chi-square) and timed against the sort.
+    """
+    run_lab("samplers", Common(device, gpu, quick, json_, out, no_save, seed), model=model, prompt=prompt, temperature=temperature,
+            top_k=top_k, top_p=top_p, min_p=min_p, samples=samples, max_new_tokens=max_new_tokens)
+
+
 @app.command("kvcache-growth", rich_help_panel=LABS)
 def kvcache_growth(
     model: ModelOpt = "tiny",
