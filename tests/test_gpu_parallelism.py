@@ -86,9 +86,9 @@ def test_run_on_cpu_measures_cpu_and_marks_gpu_not_measured():
         gp.Config.quick(), sizes=(1000, 100_000), matmul_ns=(16, 64), python_max_ops=5000, budget_s=0.01,
         tc_n_cpu=128, launch_count=16, conv_batch=1, parts=("sizes", "waves", "tensor-cores", "launch", "alexnet", "copies"),
     )
-    threads = torch.get_num_threads()
+    threads, knobs = torch.get_num_threads(), {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}
     res = gp.run(cfg, resolve_device("cpu"))
-    assert torch.get_num_threads() == threads and torch.get_float32_matmul_precision() == "highest"
+    assert torch.get_num_threads() == threads and knobs == {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}
     el = res.tables["throughput_elementwise"]
     assert {"python loop", "cpu 1 thread"} <= set(el.way) and el.ok.all() and (el.median_ms > 0).all()
     assert not any(t.astype(str).apply(lambda col: col.str.contains("gpu|cuda")).any().any() for t in res.tables.values())  # no GPU figure anywhere
@@ -160,6 +160,7 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
         gp.Config.quick(), sizes=(1000, 10_000), matmul_ns=(16, 32), python_max_ops=1000, budget_s=0.005, tc_n_cpu=64, tc_n_gpu=64,
         wave_k=32, wave_max_waves=2, wave_step=64, launch_count=8, conv_batch=1, copy_sizes_mb=(1,),
     )
+    knobs = {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}
     res = gp.run(cfg, _StandInGpu("cuda:0"))
     assert {"wave_quantization", "copy_bandwidth"} <= set(res.tables)
     for w in gp.WORKS:
@@ -169,4 +170,4 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
     assert len(res.tables["alexnet_conv1"]) == 2 and res.tables["alexnet_conv1"].ok.all()
     assert set(res.tables["copy_bandwidth"].memory) == {"pinned", "pageable"}
     assert all(c.holds is not None for c in res.claims), [c.text for c in res.claims if c.holds is None]
-    assert torch.get_float32_matmul_precision() == "highest"
+    assert knobs == {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}  # TF32 settings restored

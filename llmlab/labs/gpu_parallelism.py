@@ -127,7 +127,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         res.note("No CUDA GPU: the GPU parts are marked 'not measured: no GPU' and no GPU figure appears.")
     rates: dict[tuple[str, str, int], float] = {}  # (device, dtype, n) -> measured matmul GFLOP/s, shared by parts 3 and 5
     with res.guard(), torch.no_grad(), keep_torch_settings():
-        torch.set_float32_matmul_precision("highest")  # strict FP32 unless a part asks for TF32
+        set_tf32(matmul=False, conv=False)  # strict FP32 unless a part asks for TF32
         if gpu is not None:
             torch.ones(1, device=gpu.torch).sum().item()  # create the CUDA context before anything is timed
         if "sizes" in cfg.parts:
@@ -170,14 +170,35 @@ def torch_threads(n: int) -> Iterator[None]:
 
 @contextmanager
 def keep_torch_settings() -> Iterator[None]:
-    """Whatever the lab changes (threads, FP32 matmul precision, cuDNN TF32) is restored on exit."""
-    threads, precision, cudnn_tf32 = torch.get_num_threads(), torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    """Whatever the lab changes (threads, TF32 for CUDA matmuls and cuDNN convs) is restored on exit."""
+    threads = torch.get_num_threads()
+    saved = {name: getattr(obj, attr) for name, (obj, attr, _, _) in _tf32_knobs().items()}
     try:
         yield
     finally:
         torch.set_num_threads(threads)
-        torch.set_float32_matmul_precision(precision)
-        torch.backends.cudnn.allow_tf32 = cudnn_tf32
+        for name, (obj, attr, _, _) in _tf32_knobs().items():
+            setattr(obj, attr, saved[name])
+
+
+def _tf32_knobs() -> dict[str, tuple[object, str, object, object]]:
+    """name -> (object, attribute, TF32 on, TF32 off) for CUDA matmuls and cuDNN convs.
+
+    torch >= 2.9 has the per-backend `fp32_precision` API and refuses to mix it with the legacy
+    one, so the lab uses only the new API where it exists and only `allow_tf32` where it does not.
+    """
+    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(m, "fp32_precision") and hasattr(c, "conv"):
+        return {"matmul": (m, "fp32_precision", "tf32", "ieee"), "conv": (c.conv, "fp32_precision", "tf32", "ieee")}
+    return {"matmul": (m, "allow_tf32", True, False), "conv": (c, "allow_tf32", True, False)}
+
+
+def set_tf32(matmul: bool | None = None, conv: bool | None = None) -> None:
+    """Allow (True) or forbid (False) TF32 tensor cores for FP32 CUDA matmuls / cuDNN convs; None leaves it."""
+    for name, want in (("matmul", matmul), ("conv", conv)):
+        if want is not None:
+            obj, attr, on, off = _tf32_knobs()[name]
+            setattr(obj, attr, on if want else off)
 
 
 def time_fn(fn: Callable[[], object], device: Device, budget_s: float, setup: Callable[[], object] | None = None) -> Stats:
@@ -505,25 +526,25 @@ def matmul_fn(device: Device, dtype: torch.dtype, n: int, seed: int) -> Callable
     return lambda: torch.mm(a, b, out=out)
 
 
-def precision_setter(precision: str) -> Callable[[], None]:
-    """FP32 matmul precision for the next call: "highest" = strict FP32, "high" = TF32 tensor cores."""
-    return lambda: torch.set_float32_matmul_precision(precision)
+def tf32_setter(on: bool) -> Callable[[], None]:
+    """TF32 for the next FP32 CUDA matmul: False = strict FP32 (IEEE), True = TF32 tensor cores."""
+    return lambda: set_tf32(matmul=on)
 
 
 def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, rates: dict) -> None:
     rows, sources = [], {}
-    dtypes = {"fp32": (torch.float32, "highest"), "tf32": (torch.float32, "high"), "bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")}
+    dtypes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False)}
     for dev, n, names in ((cpu, cfg.tc_n_cpu, ("fp32", "bf16")), (gpu, cfg.tc_n_gpu, ("fp32", "tf32", "bf16", "fp16"))):
         if dev is None:
             continue
         fns = [matmul_fn(dev, dtypes[name][0], n, cfg.seed) for name in names]
-        setups = [precision_setter(dtypes[name][1]) for name in names]
+        setups = [tf32_setter(dtypes[name][1]) for name in names]
         outs = []
         for fn, setup in zip(fns, setups, strict=True):
             setup()
             outs.append(fn().float())
         stats = time_interleaved(fns, dev, cfg.budget_s, setups)  # interleaved: a busy neighbour slows every dtype alike
-        torch.set_float32_matmul_precision("highest")
+        set_tf32(matmul=False)
         for name, st, out in zip(names, stats, outs, strict=True):
             gflops = 2 * n**3 / st.median_s / 1e9
             peak, source = peak_for(dev, name)
@@ -622,7 +643,7 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, r
     w = torch.randn(c["c_out"], c["c_in"], c["k"], c["k"], generator=gen) / 11  # (96, 3, 11, 11)
     ref = conv1_im2col(x[:2], w, c["stride"])
     flops, rows, peaks = conv1_flops(bsz), [], {}
-    torch.backends.cudnn.allow_tf32 = False  # strict FP32 on the GPU too, like the CPU (restored by keep_torch_settings)
+    set_tf32(conv=False)  # strict FP32 on the GPU too, like the CPU (restored by keep_torch_settings)
     for dev in (cpu, gpu):
         if dev is None:
             continue
