@@ -1,0 +1,441 @@
+"""Speculative decoding: nothing changes but the speed.
+
+- greedy: speculative output == plain greedy of the target, token for token (FP32), chain, policies, tree;
+- sampled: the exact law of verification (enumeration on a toy model, small vocabulary) equals the
+  target's, and the sampler's counts pass a chi-square test against the exact target distribution;
+- edge cases: p == q, disjoint supports, a one-hot draft, EOS inside a draft, the length limit;
+- the tree forward (4D mask, depth positions) equals sequential forwards of each path.
+
+Chi-square tests use significance 0.001 (a correct sampler fails with probability 0.1%; the seeds are
+fixed, so a run is reproducible) and sample counts that detect Cohen's w >= 0.1 with power > 0.8.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from scipy import stats as sps
+
+from llmlab.inference import decode
+from llmlab.inference import speculative as S
+from llmlab.inference.decode import SamplingParams
+
+SIGNIFICANCE = 1e-3
+V = 5  # toy vocabulary: small enough to enumerate every sequence
+
+
+def _toy(seed: int, vocab: int = V, layers: int = 2, scale: float = 25.0):
+    """A random Llama with peaked next-token distributions (scaled LM head), FP32, eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These tests check behaviour, not speed: one thread avoids OpenMP stalls on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def toy_pair():
+    return _toy(1), _toy(2, layers=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from llmlab.core.models import load
+
+    return load("tiny", "cpu").model, load("tiny-draft", "cpu").model, load("tiny", "cpu").tokenizer
+
+
+def _first_divergence(a: torch.Tensor, b: torch.Tensor) -> str:
+    a, b = a.flatten().tolist(), b.flatten().tolist()
+    if len(a) != len(b):
+        return f"lengths differ: {len(a)} vs {len(b)}"
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+    return "identical" if i is None else f"first divergence at new token {i}: {a[i]} vs {b[i]}"
+
+
+def _chisquare(counts: dict, law: dict, n: int) -> float:
+    """p-value of counts against the law; cells expected < 5 are pooled (observed mass outside the law too)."""
+    obs, exp, pool_o, pool_e = [], [], 0, 0.0
+    for key, pr in law.items():
+        if pr * n >= 5:
+            obs.append(counts.get(key, 0))
+            exp.append(pr * n)
+        else:
+            pool_o += counts.get(key, 0)
+            pool_e += pr * n
+    pool_o += sum(c for k, c in counts.items() if k not in law)
+    if pool_e > 0 or pool_o > 0:
+        obs.append(pool_o)
+        exp.append(max(pool_e, 1e-12))
+    scale = sum(obs) / sum(exp)
+    return float(sps.chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+def _power_n(cells: int, w: float = 0.1, power: float = 0.8) -> int:
+    """Samples for which the chi-square test at SIGNIFICANCE detects effect size w with the given power."""
+    df = cells - 1
+    crit = sps.chi2.ppf(1 - SIGNIFICANCE, df)
+    lam = 1.0
+    while sps.ncx2.sf(crit, df, lam) < power:
+        lam *= 1.05
+    return math.ceil(lam / w**2)
+
+
+# ---------------------------------------------------------------- verify on its own
+
+
+def _random_dists(g: int, vocab: int, seed: int, peaked: float = 3.0):
+    gen = torch.Generator().manual_seed(seed)
+    p = (torch.randn(g + 1, vocab, generator=gen) * peaked).softmax(-1)
+    q = (torch.randn(g, vocab, generator=gen) * peaked).softmax(-1)
+    return p, q
+
+
+def _first_token_law(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Exact law of the first emitted token with a 1-token draft x ~ q[0]: sum_x q(x) [acc x + (1-acc) residual]."""
+    law = torch.zeros(p.shape[-1], dtype=torch.float64)
+    for x in range(p.shape[-1]):
+        if q[0, x] == 0:
+            continue
+        acc, nd = S.rejection_plan(torch.tensor([[x]]), q[None, :1], p[None, :2])
+        law += float(q[0, x]) * (float(acc[0, 0]) * torch.nn.functional.one_hot(torch.tensor(x), p.shape[-1]).double()
+                                 + (1 - float(acc[0, 0])) * nd[0, 0].double())
+    return law
+
+
+@pytest.mark.parametrize("case", ["random", "p_equals_q", "disjoint", "one_hot_draft"])
+def test_first_token_law_is_p_exactly(case):
+    p, q = _random_dists(1, 7, seed=3)
+    if case == "p_equals_q":
+        q = p[:1].clone()
+    elif case == "disjoint":
+        p[0, :3], q[0, 3:] = 0, 0
+        p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    elif case == "one_hot_draft":
+        q = torch.nn.functional.one_hot(q.argmax(-1), 7).float()
+    assert torch.allclose(_first_token_law(q, p), p[0].double(), atol=1e-6)
+
+
+def test_p_equals_q_accepts_everything_and_disjoint_rejects_at_once():
+    p, _ = _random_dists(4, 9, seed=5)
+    gen = torch.Generator().manual_seed(0)
+    B = 2000
+    x = torch.multinomial(p[:4], B, replacement=True, generator=gen).T  # (B, 4) drawn from q = p[:4]
+    n, _ = S.verify_rows(x, p[None, :4].expand(B, -1, -1), p[None].expand(B, -1, -1), gen)
+    assert (n == 4).all()
+    pd = p.clone()
+    pd[:, :4] = 0
+    pd = pd / pd.sum(-1, keepdim=True)
+    qd = torch.zeros(4, 9)
+    qd[:, :4] = 0.25
+    x = torch.multinomial(qd, B, replacement=True, generator=gen).T
+    n, nxt = S.verify_rows(x, qd[None].expand(B, -1, -1), pd[None].expand(B, -1, -1), gen)
+    assert (n == 0).all()
+    counts = torch.bincount(nxt[:, 0], minlength=9)
+    assert counts[:4].sum() == 0  # the residual is p itself: never a draft-only token
+    law = {i: float(pd[0, i]) for i in range(9)}
+    assert _chisquare({i: int(c) for i, c in enumerate(counts)}, law, B) > SIGNIFICANCE
+
+
+def test_verify_counts_match_the_plan_chi_square():
+    """verify's sampled (n_accepted, next) pairs follow rejection_plan's exact law."""
+    g, vocab = 3, 6
+    p, q = _random_dists(g, vocab, seed=11, peaked=1.5)
+    x = torch.tensor([int(q[i].argmax()) for i in range(g)])  # a likely draft
+    acc, nd = S.rejection_plan(x[None], q[None], p[None])
+    acc, nd = acc[0].double(), nd[0].double()
+    law = {}
+    for n in range(g + 1):
+        pn = float(acc[:n].prod() * ((1 - acc[n]) if n < g else 1))
+        for t in range(vocab):
+            law[(n, t)] = pn * float(nd[n, t])
+    N = _power_n(sum(1 for v in law.values() if v > 0))
+    gen = torch.Generator().manual_seed(7)
+    n, nxt = S.verify_rows(x[None].expand(N, -1), q[None].expand(N, -1, -1), p[None].expand(N, -1, -1), gen)
+    counts: dict = {}
+    for key in zip(n.tolist(), nxt[:, 0].tolist(), strict=True):
+        counts[key] = counts.get(key, 0) + 1
+    assert _chisquare(counts, law, N) > SIGNIFICANCE
+    one = S.verify(x, q, p, torch.Generator().manual_seed(1))  # the plain 1-D function agrees in form
+    assert isinstance(one[0], int) and 0 <= one[0] <= g and 0 <= one[1] < vocab
+
+
+def test_greedy_verify():
+    logits = torch.tensor([[0.0, 5, 0], [9, 0, 0], [0, 0, 3]])  # target argmax: 1, 0, 2
+    assert S.verify_greedy(torch.tensor([1, 0]), logits) == (2, 2)
+    assert S.verify_greedy(torch.tensor([1, 2]), logits) == (1, 0)
+    assert S.verify_greedy(torch.tensor([0, 0]), logits) == (0, 1)
+
+
+def test_multi_candidate_verify_is_p():
+    p, _ = _random_dists(0, 6, seed=2, peaked=1.0)
+    p = p[0]
+    cands = p.topk(3).indices.tolist()
+    N = _power_n(6)
+    gen = torch.Generator().manual_seed(3)
+    counts: dict = {}
+    for _ in range(N):
+        _, tok = S.multi_candidate_verify(p, cands, gen)
+        counts[tok] = counts.get(tok, 0) + 1
+    assert _chisquare(counts, {i: float(p[i]) for i in range(6)}, N) > SIGNIFICANCE
+
+
+# ---------------------------------------------------------------- exact enumeration on a toy model
+
+
+class _Exact:
+    """Next-token laws of a model from full forwards (no cache), memoised by prefix."""
+
+    def __init__(self, model, params: SamplingParams):
+        self.model, self.params, self.memo = model, params, {}
+
+    @torch.no_grad()
+    def __call__(self, seq: tuple[int, ...]) -> torch.Tensor:
+        if seq not in self.memo:
+            logits = self.model(input_ids=torch.tensor([seq])).logits[:, -1].float()
+            pr = S.probs(logits, self.params)[0].double()
+            self.memo[seq] = pr / pr.sum()  # exactly normalised in float64, so the laws compare to 1e-12
+        return self.memo[seq]
+
+
+def _target_law(p: _Exact, prompt: tuple, L: int) -> dict:
+    law = {}
+    for ys in itertools.product(range(V), repeat=L):
+        pr, seq = 1.0, prompt
+        for y in ys:
+            pr *= float(p(seq)[y])
+            seq += (y,)
+        if pr > 0:
+            law[ys] = pr
+    return law
+
+
+def _speculative_law(p: _Exact, q: _Exact, prompt: tuple, L: int, gamma: int) -> dict:
+    """The law of speculative_generate's output, enumerated: every draft, every accept/reject outcome."""
+    law: dict = {}
+
+    def rec(out: tuple, mass: float):
+        remaining = L - len(out)
+        if remaining <= 0:
+            law[out[:L]] = law.get(out[:L], 0.0) + mass
+            return
+        g = min(gamma, remaining - 1)
+        ctx = prompt + out
+        if g == 0:
+            for y, py in enumerate(p(ctx).tolist()):
+                if py > 0:
+                    rec(out + (y,), mass * py)
+            return
+        for xs in itertools.product(range(V), repeat=g):
+            qx, qs, seq = 1.0, [], ctx
+            for x in xs:
+                qs.append(q(seq))
+                qx *= float(qs[-1][x])
+                seq += (x,)
+            if qx == 0:
+                continue
+            ps = torch.stack([p(ctx + xs[:i]) for i in range(g + 1)])
+            acc, nd = S.rejection_plan(torch.tensor([xs]), torch.stack(qs)[None], ps[None])
+            acc, nd = acc[0].tolist(), nd[0].tolist()
+            for n in range(g + 1):
+                pn = math.prod(acc[:n]) * ((1 - acc[n]) if n < g else 1.0)
+                for y, py in enumerate(nd[n]):
+                    if pn * py > 0:
+                        rec(out + xs[:n] + (y,), mass * qx * pn * py)
+
+    rec((), 1.0)
+    return law
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)])
+def test_exact_enumeration_equals_target(toy_pair, params):
+    target, draft = toy_pair
+    p, q = _Exact(target, params), _Exact(draft, params)
+    prompt = (1, 3)
+    want = _target_law(p, prompt, 3)
+    got = _speculative_law(p, q, prompt, 3, gamma=2)
+    assert abs(sum(got.values()) - 1) < 1e-12
+    tv = 0.5 * sum(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in set(got) | set(want))
+    assert tv < 1e-12, f"total variation {tv}"
+
+
+# ---------------------------------------------------------------- the sampler, end to end, chi-square
+
+
+def _counts(tokens: torch.Tensor) -> dict:
+    counts: dict = {}
+    for row in tokens.tolist():
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_sampled_output_has_the_target_distribution(toy_pair, mode):
+    target, draft = toy_pair
+    params = SamplingParams(temperature=1.0)
+    p = _Exact(target, params)
+    prompt = (2, 4)
+    L = 2
+    law = _target_law(p, prompt, L)
+    N = _power_n(sum(1 for v in law.values() if v * 8000 >= 5) + 1)
+    ids = torch.tensor([prompt]).expand(N, -1)
+    gen = torch.Generator().manual_seed(5)
+    if mode == "chain":
+        out = S.speculative_generate(target, draft, ids, L, gamma=3, params=params, generator=gen)
+    else:
+        out = S.tree_generate(target, draft, ids, L, branching=(2, 2), params=params, generator=gen)
+    assert out.tokens.shape == (N, L)
+    assert _chisquare(_counts(out.tokens), law, N) > SIGNIFICANCE
+    # per position: the marginal of the first new token alone
+    first = {(y,): sum(v for k, v in law.items() if k[0] == y) for y in range(V)}
+    assert _chisquare(_counts(out.tokens[:, :1]), first, N) > SIGNIFICANCE
+
+
+# ---------------------------------------------------------------- greedy identity
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_greedy_identity_on_the_builtin_pair(tiny_pair, gamma):
+    target, draft, tok = tiny_pair
+    for text in ("def __init__(self, name, value=None):\n", "The for statement is used to"):
+        ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+        ref = decode.generate(target, ids, 40).tokens
+        out = S.speculative_generate(target, draft, ids, 40, gamma=gamma).tokens
+        assert torch.equal(out, ref), _first_divergence(out, ref)
+
+
+def test_greedy_identity_policies_and_tree(tiny_pair):
+    target, draft, tok = tiny_pair
+    ids = tok("import os\nimport sys\n\n\ndef main():\n", return_tensors="pt", add_special_tokens=False)["input_ids"]
+    ref = decode.generate(target, ids, 40).tokens
+    runs = S.oracle_run_lengths(draft, ids, ref)
+    for policy in (S.HeuristicGamma(2), S.ConfidenceGamma(0.5), S.OracleGamma(runs)):
+        out = S.speculative_generate(target, draft, ids, 40, policy=policy)
+        assert torch.equal(out.tokens, ref), f"{policy.name}: {_first_divergence(out.tokens, ref)}"
+    oracle = S.speculative_generate(target, draft, ids, 40, policy=S.OracleGamma(runs))
+    assert S.acceptance_metrics(oracle.stats)["alpha"] > 0.99  # the oracle never drafts a wrong token
+    for branching in ((1, 1, 1), (3, 2, 1)):
+        out = S.tree_generate(target, draft, ids, 40, branching=branching)
+        assert torch.equal(out.tokens, ref), f"tree {branching}: {_first_divergence(out.tokens, ref)}"
+
+
+def test_greedy_identity_batched_min_rule(toy_pair):
+    target, draft = toy_pair
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, V, (6, 4), generator=gen)
+    ref = decode.generate(target, ids, 12).tokens
+    assert torch.equal(S.speculative_generate(target, draft, ids, 12, gamma=3).tokens, ref)
+    assert torch.equal(S.tree_generate(target, draft, ids, 12, branching=(2, 1, 1)).tokens, ref)
+
+
+def test_hf_assisted_matches_plain_greedy(tiny_pair):
+    target, draft, tok = tiny_pair
+    ids = tok("Return the number of", return_tensors="pt", add_special_tokens=False)["input_ids"]
+    ref = decode.generate(target, ids, 24).tokens
+    before = draft.generation_config.to_dict()
+    hf = S.hf_assisted_generate(target, draft, ids, 24, gamma=4)
+    assert draft.generation_config.to_dict() == before  # the assistant's settings are restored
+    eos = (ref[0] == target.config.eos_token_id).nonzero()
+    k = int(eos[0]) if len(eos) else 24  # HF's min_new_tokens suppresses EOS: compare up to it
+    assert torch.equal(hf[:, :k], ref[:, :k])
+
+
+# ---------------------------------------------------------------- edge cases in the loop
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5])
+def test_eos_inside_a_draft(toy_pair, gamma):
+    target, draft = toy_pair
+    ids = torch.tensor([[1, 2, 3]])
+    free = decode.generate(target, ids, 10).tokens[0].tolist()
+    eos = free[4]  # a token the target emits mid-way: it lands inside some draft window
+    ref = decode.generate(target, ids, 10, eos_token_id=eos).tokens
+    assert ref[0, -1] == eos and ref.shape[1] <= 5
+    out = S.speculative_generate(target, draft, ids, 10, gamma=gamma, eos_token_id=eos).tokens
+    assert torch.equal(out, ref), _first_divergence(out, ref)
+    out = S.tree_generate(target, draft, ids, 10, branching=(2,) * gamma, eos_token_id=eos).tokens
+    assert torch.equal(out, ref), _first_divergence(out, ref)
+    batch = torch.tensor([[1, 2, 3], [3, 1, 4], [4, 4, 1]])
+    ref_b = decode.generate(target, batch, 10, eos_token_id=eos).tokens
+    out_b = S.speculative_generate(target, draft, batch, 10, gamma=gamma, eos_token_id=eos).tokens
+    assert torch.equal(out_b, ref_b)
+
+
+def test_length_limit(toy_pair):
+    target, draft = toy_pair
+    ids = torch.tensor([[2, 1]])
+    ref = decode.generate(target, ids, 9).tokens
+    for n in (1, 2, 3, 5, 9):
+        for gamma in (1, 3, 8):
+            out = S.speculative_generate(target, draft, ids, n, gamma=gamma)
+            assert out.n_new == n and torch.equal(out.tokens, ref[:, :n])
+            assert max(out.stats.drafted) <= max(0, n - 1)
+        out = S.tree_generate(target, draft, ids, n, branching=(2, 2, 2))
+        assert torch.equal(out.tokens, ref[:, :n])
+    one = S.speculative_generate(target, draft, ids[:, :1], 3, gamma=2)  # a one-token prompt: nothing to prefill
+    assert torch.equal(one.tokens, decode.generate(target, ids[:, :1], 3).tokens)
+
+
+def test_draft_with_another_vocabulary_is_refused(toy_pair):
+    from llmlab.core.errors import UsageError
+
+    target, _ = toy_pair
+    with pytest.raises(UsageError, match=r"\(7 tokens\).*\(5 tokens\)"):
+        S.speculative_generate(target, _toy(3, vocab=7), torch.tensor([[1, 2]]), 4)
+
+
+# ---------------------------------------------------------------- tree attention
+
+
+def test_tree_forward_equals_sequential_paths():
+    model = _toy(4, vocab=50, scale=1.0)
+    shape = S.tree_shape((3, 2, 1))
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, 50, (1, 6), generator=gen)
+    nodes = torch.randint(0, 50, (1, shape.size), generator=gen)
+    cache = decode.new_cache(model)
+    with torch.inference_mode():
+        decode.forward(model, prefix[:, :-1], cache)
+        rows = torch.zeros(1 + shape.size, 1 + shape.size, dtype=torch.bool)
+        rows[:, 0] = True
+        rows[1:, 1:] = shape.ancestors()
+        t = prefix.shape[1] - 1
+        pos = torch.tensor([t] + [t + d for d in shape.depth])
+        tree = S.tree_forward(model, torch.cat([prefix[:, -1:], nodes], 1), cache, rows, pos)  # (1, 1 + N, V)
+        for j in range(shape.size):
+            path, k = [], j
+            while k >= 0:
+                path.insert(0, int(nodes[0, k]))
+                k = shape.parent[k]
+            seq = torch.cat([prefix, torch.tensor([path])], 1)
+            want = model(input_ids=seq).logits[0, -1]
+            assert torch.allclose(tree[0, 1 + j], want, atol=1e-4), f"node {j}: {(tree[0, 1 + j] - want).abs().max()}"
+
+
+def test_metrics_and_formulas():
+    st = S.SpecStats(drafted=[3, 3, 3], accepted=[[3], [0], [1]], emitted=[4, 1, 2])
+    m = S.acceptance_metrics(st)
+    assert m["alpha"] == pytest.approx(4 / 6)  # examined 3 + 1 + 2, accepted 3 + 0 + 1
+    assert m["tau"] == pytest.approx(7 / 3)
+    assert m["per_position"] == pytest.approx([2 / 3, 1 / 2, 1.0])
+    assert m["histogram"] == {0: 1, 1: 1, 3: 1}
+    assert S.expected_tau(0.0, 4) == 1 and S.expected_tau(1.0, 4) == 5
+    assert S.predicted_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert S.predicted_speedup(0.8, 4, 0.25) == pytest.approx((1 - 0.8**5) / (0.2 * 2))
