@@ -302,6 +302,31 @@ def tiny_eval(
 # ---------------------------------------------------------------- labs
 
 
+def ttft_breakdown(
+    prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="Longest prompt of the sweep, in tokens (> 0; the sweep runs 16..this; beyond the model's context it is clamped with a notice). Default 4096.", show_default=False)] = None,
+    model: ModelOpt = "tiny",
+    rate: Annotated[Optional[list[float]], typer.Option("--rate", help="Arrival rate in requests/s (repeatable, > 0): replaces the utilisation sweep.", show_default=False)] = None,
+    utilization: Annotated[Optional[list[float]], typer.Option("--utilization", help="Target utilisation rho (repeatable, in (0, 2)): rate = rho / the measured service time. Default 0.3 0.5 0.7 0.8 0.9 0.95.", show_default=False)] = None,
+    requests: Annotated[Optional[int], typer.Option(help="Requests per arrival rate (>= 2). Default 30 (10 with --quick).", show_default=False)] = None,
+    burst: Annotated[Optional[int], typer.Option(help="Requests that arrive at the same instant (0 = skip). Default 12 (6 with --quick).", show_default=False)] = None,
+    new_tokens: Annotated[Optional[int], typer.Option(help="Tokens streamed per request (>= 2). Default 16 (8 with --quick).", show_default=False)] = None,
+    cold_starts: Annotated[Optional[int], typer.Option(help="Cold starts in fresh processes (0 = skip). Default 3 (1 with --quick).", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """Where time to first token goes: queueing, cold start, prompt length (prefill), RAG. Also: llmlab ttft.
+
+    Two chatbots can take the same 4 s per answer and one feels snappy: its first word arrives in 200 ms. TTFT hides four layers. This lab serves streaming requests with one real worker and stamps every phase (template + tokenize, queue wait, prefill forward, first sample + detokenize, then each decode step), checks that the phases add up to the TTFT the client measured and reports the harness's own remainder; starts the model in a fresh process (interpreter, imports, weights, device, first forward) against the same request warm; sweeps the prompt from 16 tokens to --prompt-len and fits a + bT + cT^2 (where attention's T^2 takes over); sends Poisson arrivals at rising utilisation and a burst to one first-come-first-served worker and sets the queue waits (p50/p90/p99) beside M/D/1; and adds a real BM25 retrieval over the built-in corpus (RAG) next to the plain chat. Metrics follow vLLM's benchmark (TTFT, TPOT = (E2E - TTFT)/(n - 1), ITL, E2E), with how GenAI-Perf, llmperf and guidellm define theirs; the diagnosis names the layer that dominates this run.
+    """
+    run_lab("ttft-breakdown", Common(device, gpu, quick, json_, out, no_save, seed), prompt_len=prompt_len, model=model,
+            rates=tuple(rate) if rate else None, utilizations=tuple(utilization) if utilization else None,
+            requests_per_rate=requests, burst=burst, new_tokens=new_tokens, cold_starts=cold_starts)
+
+
+app.command("ttft-breakdown", rich_help_panel=LABS)(ttft_breakdown)
+app.command("ttft", rich_help_panel=LABS, hidden=True)(ttft_breakdown)  # the short name: the same command
+
+
 @app.command("samplers", rich_help_panel=LABS)
 def samplers(
     model: ModelOpt = "tiny",
