@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llmlab.core.device import Device, cpu_cores, cpu_isa, resolve_device
+from llmlab.core.device import Device, cpu_cores, cpu_isa, is_oom, resolve_device
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
@@ -357,37 +357,46 @@ def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, swe
     for work in WORKS:
         sizes = cfg.matmul_ns if work == "matmul" else cfg.sizes
         rows: list[dict] = []
-        for size in track(progress, sizes, f"{work} sizes"):
-            xs = work_inputs(work, size, gen)
-            fn = work_fn(work, xs)
-            ref = fn().clone()  # the reference: vectorised on the CPU (float32); float64 would be stricter but hides nothing here
+        try:  # on Ctrl-C the sizes measured so far still make a table
+            for size in track(progress, sizes, f"{work} sizes"):
+                try:
+                    xs = work_inputs(work, size, gen)
+                    fn = work_fn(work, xs)
+                    ref = fn().clone()  # the reference: vectorised on the CPU, default threads
+                except (RuntimeError, MemoryError) as exc:
+                    if not is_oom(exc):
+                        raise
+                    res.note(f"{work}: out of memory at size {size:,}; the sweep stops there")
+                    break
 
-            if work_counts(work, size)["py_ops"] <= cfg.python_max_ops:
-                py = work_py(work, xs)
-                rows.append(size_row(work, "python loop", size, time_fn(py, cpu, cfg.budget_s), matches(work, py(), ref), None, None))
-            threads = sweep if size == sizes[-1] else tuple(sorted({1, top}))
-            with torch_threads(torch.get_num_threads()):  # the thread count comes back afterwards
-                stats = time_interleaved([fn] * len(threads), cpu, cfg.budget_s, [threads_setter(t) for t in threads])
-                oks = []
-                for t in threads:
-                    torch.set_num_threads(t)
-                    oks.append(matches(work, fn(), ref))
-            for t, st, ok in zip(threads, stats, oks, strict=True):
-                if t in (1, top):
-                    rows.append(size_row(work, cpu_way(t), size, st, ok, cpu_peak_gflops(t), None))
-                if size == sizes[-1]:
-                    scaling.append({"work": work, "size": size, "threads": t, **stats_cols(st)})
-            if gpu is not None:
-                gxs = tuple(x.to(gpu.torch) for x in xs)
-                gfn = work_fn(work, gxs)
-                peak_g, peak_bw = peak_for(gpu, "fp32")[0], bandwidth_spec_GBps(gpu)[0]
-                rows.append(size_row(work, "gpu", size, time_fn(gfn, gpu, cfg.budget_s), matches(work, gfn(), ref), peak_g, peak_bw))
-                copies = work_with_copies(work, xs, gpu)
-                rows.append(size_row(work, "gpu + copies", size, time_fn(copies, gpu, cfg.budget_s), matches(work, copies(), ref), peak_g, None))
-                del gxs, gfn
-            del xs, fn, ref
+                if work_counts(work, size)["py_ops"] <= cfg.python_max_ops:
+                    py = work_py(work, xs)
+                    rows.append(size_row(work, "python loop", size, time_fn(py, cpu, cfg.budget_s), matches(work, py(), ref), None, None))
+                threads = sweep if size == sizes[-1] else tuple(sorted({1, top}))
+                with torch_threads(torch.get_num_threads()):  # the thread count comes back afterwards
+                    stats = time_interleaved([fn] * len(threads), cpu, cfg.budget_s, [threads_setter(t) for t in threads])
+                    oks = []
+                    for t in threads:
+                        torch.set_num_threads(t)
+                        oks.append(matches(work, fn(), ref))
+                for t, st, ok in zip(threads, stats, oks, strict=True):
+                    if t in (1, top):
+                        rows.append(size_row(work, cpu_way(t), size, st, ok, cpu_peak_gflops(t), None))
+                    if size == sizes[-1]:
+                        scaling.append({"work": work, "size": size, "threads": t, **stats_cols(st)})
+                if gpu is not None:
+                    gxs = tuple(x.to(gpu.torch) for x in xs)
+                    gfn = work_fn(work, gxs)
+                    peak_g, peak_bw = peak_for(gpu, "fp32")[0], bandwidth_spec_GBps(gpu)[0]
+                    rows.append(size_row(work, "gpu", size, time_fn(gfn, gpu, cfg.budget_s), matches(work, gfn(), ref), peak_g, peak_bw))
+                    copies = work_with_copies(work, xs, gpu)
+                    rows.append(size_row(work, "gpu + copies", size, time_fn(copies, gpu, cfg.budget_s), matches(work, copies(), ref), peak_g, None))
+                    del gxs, gfn
+                del xs, fn, ref
+        finally:
+            if rows:
+                res.add_table(f"throughput_{work}", rows)
         mismatches += [f"{work} {r['way']} size {r['size']}" for r in rows if not r["ok"]]
-        res.add_table(f"throughput_{work}", rows)
         y = "gflops" if work == "matmul" else "gelems_per_s"
         xlabel = "n (n x n matrices, log)" if work == "matmul" else "elements (log)"
         res.charts.append(Chart(f"{work}: throughput vs size, one line per way", f"throughput_{work}", "size", y, series="way", logx=True, logy=True, xlabel=xlabel, ylabel=f"{y} (log)"))
