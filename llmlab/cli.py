@@ -302,6 +302,20 @@ def tiny_eval(
 # ---------------------------------------------------------------- labs
 
 
+@app.command("roofline", rich_help_panel=LABS)
+def roofline(
+    model: ModelOpt = "tiny",
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Compute dtype of the intensity sweep and the model overlay: auto (float32 on a CPU, bfloat16 on a GPU) | float32 | bfloat16 | float16.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """The two speed limits, measured: memory bandwidth and matmul compute, and where LLM work sits between them.
+
+    Every processor has two roofs: how many bytes per second it can move and how many FLOPs per second it can do. Arithmetic intensity (FLOPs per byte moved) decides which one binds: below the ridge point (peak FLOP/s / bandwidth) a kernel waits on memory, above it on the math units. This lab measures both roofs on your device (STREAM-style read/write/copy/triad over buffers 8x the last-level cache, with a size sweep that shows each cache level; matmul FLOP/s over a set of aligned shapes with the cache flushed), compares them with the spec sheet, then sweeps a GEMM from M=1 (a matrix-vector product: ~0.5 FLOP/byte in FP32) to M=4096 and watches it climb the roofline. Finally it places --model's per-layer matmuls of prefill and decode on that roofline and times the real decode step at growing batch: at batch 1 decode reads every weight to do 2 FLOPs with it, so it uses a few percent of peak compute, and batch size is the lever that moves it toward the ridge.
+    """
+    run_lab("roofline", Common(device, gpu, quick, json_, out, no_save, seed), model=model, dtype=dtype)
+
+
 def ttft_breakdown(
     prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="Longest prompt of the sweep, in tokens (> 0; the sweep runs 16..this; beyond the model's context it is clamped with a notice). Default 4096.", show_default=False)] = None,
     model: ModelOpt = "tiny",
