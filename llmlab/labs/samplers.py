@@ -31,7 +31,7 @@ import torch
 from llmlab.core.device import Device
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
-from llmlab.core.timing import autorange, measure
+from llmlab.core.timing import measure
 from llmlab.inference import decode
 from llmlab.inference import sampling as S
 
@@ -60,6 +60,8 @@ class Config:
     batch_sizes: tuple[int, ...] = (1, 8, 32, 128)  # one user to a full serving batch
     chi2_samples: int = 4000  # draws for the distribution test: ~200 per bin of 5% mass
     latency_budget_s: float = 150.0  # the latency sweep stops (and says where) past this
+    sample_budget_s: float = 0.25  # seconds of timed calls per (cell, sampler): >= 3 calls, <= 50
+    decode_repeats: int = 30  # timed decode steps of the model for the sampler's share
     seed: int = 0  # the CLI sets it from --seed
 
     def __post_init__(self):
@@ -79,14 +81,17 @@ class Config:
             raise ValueError("--samples must be >= 1 and --max-new-tokens >= 2")
         if any(v < 0 for v in self.vocab_sizes) or any(b < 1 for b in self.batch_sizes):
             raise ValueError("vocab sizes must be >= 0 (0 = the model's) and batch sizes >= 1")
+        if self.sample_budget_s <= 0 or self.latency_budget_s <= 0 or self.decode_repeats < 3 or self.chi2_samples < 100:
+            raise ValueError("budgets must be > 0 s, decode_repeats >= 3 and chi2_samples >= 100")
         if not self.prompt.strip():
             raise ValueError("--prompt must not be empty")
 
     @classmethod
     def quick(cls) -> Config:
         return cls(
-            passage_tokens=64, samples=4, max_new_tokens=16, temperatures=(0.5, 1.0, 1.5),
+            passage_tokens=64, samples=4, max_new_tokens=12, temperatures=(0.5, 1.5),
             vocab_sizes=(0, 128256), batch_sizes=(1, 8), chi2_samples=2000, latency_budget_s=20.0,
+            sample_budget_s=0.05, decode_repeats=10,
         )
 
 
@@ -195,8 +200,8 @@ def part_sure_vs_unsure(res: LabResult, cfg: Config, lm, device: Device) -> None
         for t in range(ids.shape[1])
     ]
     df = res.add_table("sure_vs_unsure", rows)
-    res.charts.append(Chart("tokens kept vs the model's entropy at each position of a real passage", "sure_vs_unsure",
-                            x="entropy_nats", y=["kept_top_k", "kept_top_p", "kept_min_p"], kind="scatter", logy=True))
+    res.charts.append(Chart("tokens kept vs the top token's probability, at each position of a real passage", "sure_vs_unsure",
+                            x="top_prob", y=["kept_top_k", "kept_top_p", "kept_min_p"], kind="scatter", logy=True))
     rho = spearman(df["top_prob"], df["kept_min_p"])
     q = df["top_prob"].quantile([0.25, 0.75])
     unsure = df[df["top_prob"] <= q.iloc[0]]["kept_min_p"].median()
@@ -347,15 +352,14 @@ def step_fns(cfg: Config, gen: torch.Generator) -> dict[tuple[str, str], callabl
     return fns
 
 
-def time_step(fn, x: torch.Tensor, device: Device, quick: bool):
-    """Median time of fn(x): autorange for fast calls, a few samples for slow ones."""
+def time_step(fn, x: torch.Tensor, device: Device, budget: float):
+    """Per-call times of fn(x): many calls when it is fast, a few when it is slow (one sample each)."""
     t0 = time.perf_counter()
-    fn(x)  # warm-up (and a probe of the cost)
+    fn(x)  # warm-up, and a probe of the cost
     device.synchronize()
     probe = time.perf_counter() - t0
-    if probe < 0.02:
-        return autorange(lambda: fn(x), device, min_run_time=0.05 if quick else 0.1)
-    return measure(lambda: fn(x), device, warmup=0, repeats=3 if probe > 0.3 else 5, max_time_s=2.0)
+    repeats = max(3, min(50, int(budget / max(probe, 1e-6))))
+    return measure(lambda: fn(x), device, warmup=1 if probe < 0.05 else 0, repeats=repeats, max_time_s=budget)
 
 
 def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits: torch.Tensor, progress) -> None:
@@ -365,7 +369,6 @@ def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits:
     scale = float(prompt_logits.std())  # synthetic logits spread like the model's real ones
     gen = torch.Generator(device=device.torch).manual_seed(cfg.seed + 2)
     fns = step_fns(cfg, gen)
-    quick = cfg.latency_budget_s <= Config.quick().latency_budget_s
     rows, started = [], time.perf_counter()
     for V, B in track(progress, cells, "latency: vocab x batch"):
         if time.perf_counter() - started > cfg.latency_budget_s:
@@ -374,7 +377,7 @@ def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits:
         x = torch.randn(B, V, generator=gen, device=device.torch) * scale  # (B, V)
         cell = []
         for (name, impl), fn in fns.items():
-            st = time_step(fn, x, device, quick)
+            st = time_step(fn, x, device, cfg.sample_budget_s)
             cell.append({"vocab": V, "batch": B, "strategy": name, "impl": impl, **st.as_dict("latency_")})
         greedy_ms = cell[0]["latency_median_ms"]
         for r in cell:
@@ -426,22 +429,28 @@ def claim_nine_x(res: LabResult, df, device: Device) -> None:
 
 def claim_sorting_free(res: LabResult, df, device: Device) -> None:
     V, B = _headline_cell(df)
-    speedup = _ms(df, V, B, "top_p", "hf+multinomial") / _ms(df, V, B, "top_p", "ours sorting-free")
-    vs_sort = _ms(df, V, B, "top_p", "ours+race") / _ms(df, V, B, "top_p", "ours sorting-free")
+    hf = _ms(df, V, B, "top_p", "hf+multinomial")
+    ours = _ms(df, V, B, "top_p", "ours sorting-free")
+    vs_sort = _ms(df, V, B, "top_p", "ours+race") / ours
     dist = res.tables["distribution"].iloc[0]
-    kind = "cuda" if device.is_cuda else "cpu"
     same = dist["p_value"] > 1e-3 and dist["samples_outside_kept_set"] == 0
     res.claim(
         "our sorting-free top-p samples the same distribution, Nx faster than sort-based",
-        f"chi-square p > 0.001 against the sort-based distribution; >= {GOAL[kind]}x HF TopPLogitsWarper + multinomial "
-        f"at V=128,256, B=32 on the {kind.upper()} (issue goal)",
+        "chi-square p > 0.001 against the sort-based (HF-parity) distribution, no sample outside the kept set; faster than the sort",
         f"p = {dist['p_value']:.3f} (chi2 {dist['chi2']:.1f}, {int(dist['dof'])} dof, TV {dist['tv_distance']:.3f}); "
-        f"{speedup:.1f}x HF and {vs_sort:.1f}x our sort-based top-p at V={V:,}, B={B}",
-        bool(same) and speedup >= GOAL[kind] and (V, B) == (128256, 32),
-        note="" if (V, B) == (128256, 32) else "the goal cell V=128,256, B=32 was not measured (this run's grid); holds needs it",
+        f"{hf / ours:.1f}x HF top-p + multinomial and {vs_sort:.1f}x our sort-based top-p at V={V:,}, B={B}",
+        bool(same) and hf / ours > 1 and vs_sort > 1,
+        note=f"distribution tested on the model's next-token distribution, top_p={dist['top_p']}, {int(dist['samples'])} draws in {int(dist['bins'])} bins of ~equal mass",
     )
+    kind = "cuda" if device.is_cuda else "cpu"
+    goal_text = f"sorting-free top-p >= {GOAL[kind]}x HF TopPLogitsWarper + multinomial at V=128,256, B=32 on the {kind.upper()}"
+    expected = "issue 7's performance goal (benchmarks/samplers.py prints it too)"
+    if (V, B) == (128256, 32):
+        res.claim(goal_text, expected, f"{hf / ours:.2f}x ({hf:.1f} ms vs {ours:.1f} ms)", hf / ours >= GOAL[kind])
+    else:
+        res.claim(goal_text, expected, "-", None, note="not measured: V=128,256, B=32 is not in this run's grid (--quick); the full run has it")
     if not device.is_cuda:
-        res.claim("sorting-free top-p >= 3x HF on a GPU", "FlashInfer's rejection kernels avoid the GPU sort", "-", None, note=NO_GPU)
+        res.claim(f"sorting-free top-p >= {GOAL['cuda']}x HF on a GPU", "FlashInfer's rejection kernels avoid the GPU sort", "-", None, note=NO_GPU)
 
 
 @torch.inference_mode()
@@ -457,7 +466,7 @@ def part_decode_share(res: LabResult, cfg: Config, lm, device: Device, small) ->
         decode.decode_one_token(lm.model, tok, cache)
         decode.crop(cache, L)  # keep the context length fixed across repeats
 
-    fwd = measure(step, device, warmup=3, repeats=30, max_time_s=5.0)
+    fwd = measure(step, device, warmup=2, repeats=cfg.decode_repeats, max_time_s=0.2 * cfg.decode_repeats)
     rows = [{"strategy": r.strategy, "impl": r.impl, "sampler_ms": r.latency_median_ms, "forward_ms": fwd.median_ms,
              "sampler_share": r.latency_median_ms / (r.latency_median_ms + fwd.median_ms)} for r in small.itertuples()]
     df = res.add_table("decode_share", rows)
