@@ -17,13 +17,12 @@ import math
 
 import pytest
 import torch
-from scipy import stats as sps
 
 from llmlab.inference import decode
 from llmlab.inference import speculative as S
 from llmlab.inference.decode import SamplingParams
 
-SIGNIFICANCE = 1e-3
+SIGNIFICANCE = S.SIGNIFICANCE
 V = 5  # toy vocabulary: small enough to enumerate every sequence
 
 
@@ -71,31 +70,12 @@ def _first_divergence(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def _chisquare(counts: dict, law: dict, n: int) -> float:
-    """p-value of counts against the law; cells expected < 5 are pooled (observed mass outside the law too)."""
-    obs, exp, pool_o, pool_e = [], [], 0, 0.0
-    for key, pr in law.items():
-        if pr * n >= 5:
-            obs.append(counts.get(key, 0))
-            exp.append(pr * n)
-        else:
-            pool_o += counts.get(key, 0)
-            pool_e += pr * n
-    pool_o += sum(c for k, c in counts.items() if k not in law)
-    if pool_e > 0 or pool_o > 0:
-        obs.append(pool_o)
-        exp.append(max(pool_e, 1e-12))
-    scale = sum(obs) / sum(exp)
-    return float(sps.chisquare(obs, [e * scale for e in exp]).pvalue)
+    return S.chisquare_pvalue(counts, law, n)[0]
 
 
-def _power_n(cells: int, w: float = 0.1, power: float = 0.8) -> int:
-    """Samples for which the chi-square test at SIGNIFICANCE detects effect size w with the given power."""
-    df = cells - 1
-    crit = sps.chi2.ppf(1 - SIGNIFICANCE, df)
-    lam = 1.0
-    while sps.ncx2.sf(crit, df, lam) < power:
-        lam *= 1.05
-    return math.ceil(lam / w**2)
+def _power_n(cells: int) -> int:
+    """Samples that detect Cohen's w = 0.1 with power 0.8 at SIGNIFICANCE."""
+    return S.samples_for_effect(cells, w=0.1, significance=SIGNIFICANCE)
 
 
 # ---------------------------------------------------------------- verify on its own
@@ -184,15 +164,18 @@ def test_greedy_verify():
     assert S.verify_greedy(torch.tensor([0, 0]), logits) == (0, 1)
 
 
-def test_multi_candidate_verify_is_p():
-    p, _ = _random_dists(0, 6, seed=2, peaked=1.0)
-    p = p[0]
-    cands = p.topk(3).indices.tolist()
+@pytest.mark.parametrize("children", ["topk", "sample"])
+def test_multi_candidate_verify_is_p(children):
+    p, q = _random_dists(1, 6, seed=2, peaked=1.0)
+    p, q = p[0], q[0]
     N = _power_n(6)
     gen = torch.Generator().manual_seed(3)
     counts: dict = {}
     for _ in range(N):
-        _, tok = S.multi_candidate_verify(p, cands, gen)
+        if children == "topk":  # EAGLE: the draft's top-3, one-hot proposals
+            _, tok = S.multi_candidate_verify(p, q.topk(3).indices.tolist(), gen)
+        else:  # SpecInfer: 3 candidates drawn i.i.d. from q, proposal q
+            _, tok = S.multi_candidate_verify(p, torch.multinomial(q, 3, replacement=True, generator=gen).tolist(), gen, q)
         counts[tok] = counts.get(tok, 0) + 1
     assert _chisquare(counts, {i: float(p[i]) for i in range(6)}, N) > SIGNIFICANCE
 
@@ -286,7 +269,7 @@ def _counts(tokens: torch.Tensor) -> dict:
     return counts
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "tree-sample", "tree-topk"])
 def test_sampled_output_has_the_target_distribution(toy_pair, mode):
     target, draft = toy_pair
     params = SamplingParams(temperature=1.0)
@@ -294,13 +277,16 @@ def test_sampled_output_has_the_target_distribution(toy_pair, mode):
     prompt = (2, 4)
     L = 2
     law = _target_law(p, prompt, L)
+    lib = S.exact_law(target, torch.tensor([prompt]), L, params)  # the lab's exact law agrees with enumeration
+    assert set(lib) == set(law) and all(abs(lib[k] - law[k]) < 1e-6 for k in law)
     N = _power_n(sum(1 for v in law.values() if v * 8000 >= 5) + 1)
     ids = torch.tensor([prompt]).expand(N, -1)
     gen = torch.Generator().manual_seed(5)
     if mode == "chain":
         out = S.speculative_generate(target, draft, ids, L, gamma=3, params=params, generator=gen)
     else:
-        out = S.tree_generate(target, draft, ids, L, branching=(2, 2), params=params, generator=gen)
+        out = S.tree_generate(target, draft, ids, L, branching=(2, 2), params=params, generator=gen,
+                              children=mode.split("-")[1])
     assert out.tokens.shape == (N, L)
     assert _chisquare(_counts(out.tokens), law, N) > SIGNIFICANCE
     # per position: the marginal of the first new token alone

@@ -31,6 +31,7 @@ References:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -116,23 +117,30 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     return int(n[0]), int(nxt[0, 0])
 
 
-def multi_candidate_verify(p: torch.Tensor, candidates: Sequence[int], generator: torch.Generator | None = None):
-    """SpecInfer-style verification of k distinct deterministic candidates (e.g. the draft's top-k) under p (V,).
+def multi_candidate_verify(p: torch.Tensor, candidates: Sequence[int], generator: torch.Generator | None = None,
+                           proposal: torch.Tensor | None = None):
+    """Multi-candidate speculative sampling at one tree node under the target's p (V,).
 
-    Candidate i is a proposal q_i = one-hot(c_i): accept it with probability min(1, p'(c_i) / 1);
-    on rejection p' <- norm(max(0, p' - q_i)), i.e. c_i removed and renormalised. When all are
-    rejected, draw from what is left. Returns (index of the accepted candidate or -1, token).
-    Each step is a rejection sampler whose output is p', so the whole is p: lossless.
+    proposal None (EAGLE): the candidates are deterministic (the draft's top-k), each a one-hot
+    proposal: accept c_i with probability p'(c_i); on rejection remove c_i from p' and renormalise.
+    proposal q (SpecInfer): the candidates were drawn i.i.d. from q: accept c_i with probability
+    min(1, p'(c_i) / q(c_i)); on rejection p' <- norm(max(0, p' - q)).
+    Either way each step is a rejection sampler whose output law is p', so the whole is p (lossless).
+    When all are rejected, draw from what is left. Returns (index of the accepted candidate or -1, token).
     """
     cur = p.clone()
     u = torch.rand(len(candidates), generator=generator, device=p.device).tolist()
     for i, c in enumerate(candidates):
         pc = float(cur[c])
-        if u[i] < pc:
+        qc = 1.0 if proposal is None else float(proposal[c])
+        if u[i] * qc < pc:  # u < min(1, p'/q)
             return i, int(c)
-        cur[c] = 0.0
-        mass = 1.0 - pc
-        if mass <= 0.0:  # p had all its mass on the rejected candidate: only float error can bring us here
+        if proposal is None:
+            cur[c] = 0.0
+        else:
+            cur = (cur - proposal).clamp_min_(0)
+        mass = float(cur.sum())
+        if mass <= 0.0:  # p' == q: the candidate is accepted with probability 1, so only float error gets here
             cur = p.clone()
             break
         cur /= mass
@@ -498,13 +506,17 @@ def compact_cache(cache, keep: torch.Tensor) -> None:
 
 
 @torch.inference_mode()
-def draft_tree(draft, cache, pending: torch.Tensor, shape: TreeShape, params: SamplingParams):
+def draft_tree(draft, cache, pending: torch.Tensor, shape: TreeShape, params: SamplingParams,
+               children: str = "topk", generator: torch.Generator | None = None):
     """Grow the tree level by level: one draft forward per depth (all nodes of a level at once).
 
-    Returns node tokens (B, N). The draft's cache ends with the prefix, the root, and the nodes of
-    depth < max_depth in BFS order (the deepest level is never fed to the draft).
+    children "topk": each node's children are the draft's top-k (greedy, EAGLE); "sample": drawn
+    i.i.d. from q (SpecInfer). Returns node tokens (B, N) and, for "sample", q at the root and at
+    every node of depth < max_depth (B, 1 + N_inner, V), else None. The draft's cache ends with the
+    prefix, the root, and the nodes of depth < max_depth in BFS order (the deepest level is never fed).
     """
     B = pending.shape[0]
+    qs = []
     logits = decode.forward(draft, pending, cache)[:, -1:].float()  # (B, 1, V) at the root
     root_pos = cache.get_seq_length() - 1
     anc = shape.ancestors()
@@ -512,7 +524,12 @@ def draft_tree(draft, cache, pending: torch.Tensor, shape: TreeShape, params: Sa
     for d in range(1, shape.max_depth + 1):
         k = shape.branching[d - 1]
         scores = logits if params.greedy else probs(logits, params)  # (B, n_parents, V)
-        kids = scores.topk(k, dim=-1).indices  # (B, n_parents, k), in the BFS order of their parents
+        if children == "sample" and not params.greedy:
+            qs.append(scores)
+            flat = torch.multinomial(scores.reshape(-1, scores.shape[-1]), k, replacement=True, generator=generator)
+            kids = flat.reshape(B, -1, k)
+        else:
+            kids = scores.topk(k, dim=-1).indices  # (B, n_parents, k), in the BFS order of their parents
         lvl = shape.level(d)
         tokens[:, lvl.start : lvl.stop] = kids.reshape(B, -1)
         if d == shape.max_depth:
@@ -520,7 +537,7 @@ def draft_tree(draft, cache, pending: torch.Tensor, shape: TreeShape, params: Sa
         rows = anc[lvl.start : lvl.stop, : lvl.stop]  # (Q, nodes so far)
         positions = torch.full((len(lvl),), root_pos + d, dtype=torch.long)
         logits = tree_forward(draft, tokens[:, lvl.start : lvl.stop], cache, rows, positions)
-    return tokens
+    return tokens, (torch.cat(qs, dim=1) if qs else None)
 
 
 def _walk_greedy(shape: TreeShape, tokens: list[int], best: list[int]) -> tuple[list[int], int]:
@@ -535,14 +552,17 @@ def _walk_greedy(shape: TreeShape, tokens: list[int], best: list[int]) -> tuple[
         node = child
 
 
-def _walk_sampled(shape: TreeShape, tokens: list[int], p: torch.Tensor, generator) -> tuple[list[int], int]:
-    """Multi-candidate rejection down the tree (SpecInfer): p (1 + N, V) are the target's rows."""
+def _walk_sampled(shape: TreeShape, tokens: list[int], p: torch.Tensor, generator,
+                  q: torch.Tensor | None = None) -> tuple[list[int], int]:
+    """Multi-candidate rejection down the tree: p (1 + N, V) are the target's rows; q (1 + N_inner, V) the
+    draft's at the root and inner nodes when the children were sampled from it (None: top-k children)."""
     path, node = [], -1
     while True:
         kids = shape.children(node)
         if not kids:
             return path, int(torch.multinomial(p[node + 1], 1, generator=generator))
-        i, tok = multi_candidate_verify(p[node + 1], [tokens[c] for c in kids], generator)
+        prop = None if q is None else q[node + 1]
+        i, tok = multi_candidate_verify(p[node + 1], [tokens[c] for c in kids], generator, prop)
         if i < 0:
             return path, tok
         path.append(kids[i])
@@ -559,12 +579,16 @@ def tree_generate(
     params: SamplingParams = SamplingParams(),
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
+    children: str = "sample",
 ) -> SpecGeneration:
-    """Tree speculation: the draft grows a top-k token tree, the target scores all of it in one forward.
+    """Tree speculation: the draft grows a token tree, the target scores all of it in one forward.
 
-    Greedy: the longest path on which every node is the target's argmax. Sampled: multi-candidate
-    rejection at each node (lossless). Caches are compacted to the accepted path.
+    Greedy: top-k children, and the longest path on which every node is the target's argmax.
+    Sampled: multi-candidate rejection at each node (lossless), with children drawn from q
+    ("sample", SpecInfer) or the draft's top-k ("topk", EAGLE). Caches are compacted to the accepted path.
     """
+    if children not in ("sample", "topk"):
+        raise ValueError(f"children must be 'sample' or 'topk', got {children!r}")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1")
     _check_pair(target, draft)
@@ -591,7 +615,7 @@ def tree_generate(
             pending = torch.cat([pending, nxt], dim=1)
         else:
             shape = tree_shape(full.branching[:depth])
-            tokens = draft_tree(draft, d_cache, pending, shape, params)  # (B, N)
+            tokens, q = draft_tree(draft, d_cache, pending, shape, params, children, generator)  # (B, N)
             stats.draft_forwards += shape.max_depth
             rows = torch.zeros(1 + shape.size, 1 + shape.size, dtype=torch.bool)  # root, then the nodes
             rows[:, 0] = True
@@ -606,7 +630,8 @@ def tree_generate(
                 walks = [_walk_greedy(shape, tok_lists[b], best[b]) for b in range(B)]
             else:
                 p = probs(decode_logits, params)
-                walks = [_walk_sampled(shape, tok_lists[b], p[b], generator) for b in range(B)]
+                walks = [_walk_sampled(shape, tok_lists[b], p[b], generator, None if q is None else q[b])
+                         for b in range(B)]
             paths = [w[0] for w in walks]
             m = min(len(pth) for pth in paths)
             nxt = torch.tensor([[w[1] if len(w[0]) == m else tok_lists[b][w[0][m]]] for b, w in enumerate(walks)],
@@ -696,6 +721,80 @@ def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1
     return expected_tau(alpha, gamma) / (gamma * c + verify_cost)
 
 
+# ---------------------------------------------------------------- distribution tests
+
+SIGNIFICANCE = 1e-3  # a correct sampler fails a chi-square test with this probability
+
+
+def chisquare_pvalue(counts: dict, law: dict, n: int) -> tuple[float, int]:
+    """Pearson chi-square of observed `counts` (outcome -> count) against an exact `law` (outcome -> prob).
+
+    Cells expected below 5 are pooled into one, together with anything observed outside the law's
+    support (which a correct sampler never produces). Returns (p-value, cells tested).
+    """
+    from scipy import stats as sps
+
+    obs, exp, pool_o, pool_e = [], [], 0, 0.0
+    for key, pr in law.items():
+        if pr * n >= 5:
+            obs.append(counts.get(key, 0))
+            exp.append(pr * n)
+        else:
+            pool_o += counts.get(key, 0)
+            pool_e += pr * n
+    pool_o += sum(c for k, c in counts.items() if k not in law)
+    if pool_o > 0 or pool_e > 0:
+        obs.append(pool_o)
+        exp.append(max(pool_e, 1e-12))
+    if len(obs) < 2:
+        return 1.0, len(obs)
+    scale = sum(obs) / sum(exp)  # float rounding of the law: expected and observed totals must agree
+    return float(sps.chisquare(obs, [e * scale for e in exp]).pvalue), len(obs)
+
+
+def _noncentrality(cells: int, significance: float, power: float) -> float:
+    from scipy import stats as sps
+
+    df = max(1, cells - 1)
+    crit = sps.chi2.ppf(1 - significance, df)
+    lam = 1.0
+    while sps.ncx2.sf(crit, df, lam) < power:
+        lam *= 1.02
+    return lam
+
+
+def detectable_effect(cells: int, n: int, significance: float = SIGNIFICANCE, power: float = 0.8) -> float:
+    """Cohen's w = sqrt(sum (p' - p)^2 / p) that n samples detect with `power` at `significance`."""
+    return math.sqrt(_noncentrality(cells, significance, power) / n)
+
+
+def samples_for_effect(cells: int, w: float = 0.1, significance: float = SIGNIFICANCE, power: float = 0.8) -> int:
+    """Samples needed to detect Cohen's w with `power` at `significance` (noncentral chi-square)."""
+    return math.ceil(_noncentrality(cells, significance, power) / w**2)
+
+
+@torch.inference_mode()
+def exact_law(model, prompt: torch.Tensor, length: int, params: SamplingParams) -> dict:
+    """The exact law of the model's first `length` sampled tokens after `prompt` (1, S): outcome tuple -> prob.
+
+    One batched forward (no cache) per position over every context with non-zero probability,
+    so keep the support small (top-k) and `length` short.
+    """
+    law = {(): 1.0}
+    for _ in range(length):
+        ctxs = list(law)
+        ids = torch.cat([prompt.expand(len(ctxs), -1), torch.tensor(ctxs, dtype=torch.long).reshape(len(ctxs), -1)], 1)
+        pr = probs(model(input_ids=ids.to(prompt.device)).logits[:, -1].float(), params).double().cpu()
+        pr = pr / pr.sum(-1, keepdim=True)
+        nxt = {}
+        for ctx, row in zip(ctxs, pr, strict=True):
+            support = row.nonzero().flatten().tolist()
+            for y in support:
+                nxt[ctx + (y,)] = law[ctx] * float(row[y])
+        law = nxt
+    return law
+
+
 # ---------------------------------------------------------------- the HF peer
 
 
@@ -706,10 +805,15 @@ def hf_assisted_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
     `num_assistant_tokens_schedule`, `assistant_confidence_threshold`: 0 turns the stop off);
     they are restored afterwards. Batch size 1 only (an HF limit).
     """
+    from transformers.utils import logging as hf_logging
+
     gc = draft.generation_config
     saved = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold)
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # HF warns that its min-length processor is given twice: expected here
     try:
         return decode.hf_generate(target, input_ids, max_new_tokens, assistant_model=draft, **kw)
     finally:
+        hf_logging.set_verbosity(verbosity)
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = saved
