@@ -125,7 +125,6 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
                  "so multi-thread timings (and thread scaling) come out pessimistic and noisy.")
     if gpu is None:
         res.note("No CUDA GPU: the GPU parts are marked 'not measured: no GPU' and no GPU figure appears.")
-    rates: dict[tuple[str, str, int], float] = {}  # (device, dtype, n) -> measured matmul GFLOP/s, shared by parts 3 and 5
     with res.guard(), torch.no_grad(), keep_torch_settings():
         set_tf32(matmul=False, conv=False)  # strict FP32 unless a part asks for TF32
         if gpu is not None:
@@ -135,11 +134,11 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         if "waves" in cfg.parts:
             part_waves(res, cfg, gpu, progress)
         if "tensor-cores" in cfg.parts:
-            part_tensor_cores(res, cfg, cpu, gpu, rates)
+            part_tensor_cores(res, cfg, cpu, gpu)
         if "launch" in cfg.parts:
             part_launch(res, cfg, cpu, gpu, sweep[-1])
         if "alexnet" in cfg.parts:
-            part_alexnet(res, cfg, cpu, gpu, rates)
+            part_alexnet(res, cfg, cpu, gpu)
         if "copies" in cfg.parts:
             part_copies(res, cfg, gpu, progress)
     return res
@@ -548,8 +547,9 @@ def tf32_setter(on: bool) -> Callable[[], None]:
     return lambda: set_tf32(matmul=on)
 
 
-def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, rates: dict) -> None:
+def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None) -> None:
     rows, sources = [], {}
+    rates: dict[tuple[str, str, int], float] = {}  # (device, dtype, n) -> measured GFLOP/s
     dtypes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False)}
     for dev, n, names in ((cpu, cfg.tc_n_cpu, ("fp32", "bf16")), (gpu, cfg.tc_n_gpu, ("fp32", "tf32", "bf16", "fp16"))):
         if dev is None:
@@ -653,7 +653,7 @@ def conv1_im2col(x: torch.Tensor, w: torch.Tensor, stride: int) -> torch.Tensor:
     return out.reshape(bsz, w.shape[0], hw_out, hw_out)
 
 
-def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, rates: dict) -> None:
+def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None) -> None:
     c, bsz = CONV1, cfg.conv_batch
     gen = torch.Generator().manual_seed(cfg.seed)
     x = torch.randn(bsz, c["c_in"], c["hw"], c["hw"], generator=gen)  # (B, 3, 227, 227)
@@ -666,9 +666,10 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, r
             continue
         xd, wd = x.to(dev.torch), w.to(dev.torch)
         ok = rel_err(F.conv2d(xd[:2], wd, stride=c["stride"]), ref) < 1e-4
-        st = time_fn(lambda xd=xd, wd=wd: F.conv2d(xd, wd, stride=c["stride"]), dev, cfg.budget_s)
         n = cfg.tc_n_cpu if not dev.is_cuda else cfg.tc_n_gpu
-        mm = rates.get((dev.spec, "fp32", n)) or 2 * n**3 / time_fn(matmul_fn(dev, torch.float32, n, cfg.seed), dev, cfg.budget_s).median_s / 1e9
+        # the napkin's matmul rate is timed interleaved with the conv: a busy neighbour slows both alike
+        st, st_mm = time_interleaved([lambda xd=xd, wd=wd: F.conv2d(xd, wd, stride=c["stride"]), matmul_fn(dev, torch.float32, n, cfg.seed)], dev, cfg.budget_s)
+        mm = 2 * n**3 / st_mm.median_s / 1e9
         peak = peak_for(dev, "fp32")[0]
         rows.append({"device": dev.spec, "threads": None if dev.is_cuda else torch.get_num_threads(), "batch": bsz, "gflop": flops / 1e9, **stats_cols(st),
                      "gflops": flops / st.median_s / 1e9, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6, "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "ok": ok})
