@@ -118,9 +118,9 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     gpu = device if device.is_cuda else None
     sweep = thread_counts(cfg.max_threads or cpu_cores()["logical"])
     res.env["lab"] = {"cpu_isa": cpu_isa(), "cpu_cores": cpu_cores(), "thread_sweep": list(sweep), "gpu": gpu.spec if gpu else None}
-    load, usable = os.getloadavg()[0], cpu_cores()["logical"]
+    load, usable = (os.getloadavg()[0] if hasattr(os, "getloadavg") else None), cpu_cores()["logical"]
     res.env["lab"]["loadavg_1min_at_start"] = load
-    if load >= 0.5 * usable:
+    if load is not None and load >= 0.5 * usable:
         res.note(f"The 1-minute load average was {load:.1f} on {usable} usable CPUs at the start: other processes share the cores, "
                  "so multi-thread timings (and thread scaling) come out pessimistic and noisy.")
     if gpu is None:
