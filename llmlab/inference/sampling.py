@@ -209,14 +209,14 @@ def sample(
 # ----------------------------------------------------------------------------- sorting-free
 
 
-def _race_with_pivots(
+def _pivot_search(
     probs: torch.Tensor,
     accept_fn,
     generator: torch.Generator | None,
     max_rounds: int,
     fallback_fn,
 ) -> tuple[torch.Tensor, int]:
-    """The shared loop of top_p_sorting_free / top_k_sorting_free (see top_p_sorting_free).
+    """Rejection sampling with two pivots, FlashInfer's loop in eager torch (see top_p_sorting_free).
 
     accept_fn(mass_gt, above) -> bool (A,): is a token with `mass_gt` probability strictly above
     it (and `above`, the (A, V) mask of those tokens) in the kept set? Returns (ids (B,), rounds).
@@ -224,34 +224,40 @@ def _race_with_pivots(
     """
     _check_2d(probs)
     P = probs.float()
-    B = P.size(0)
-    key = P / _exponential(P, generator)  # (B, V) exponential-race keys, drawn once
+    B, V = P.shape
     out = torch.empty(B, dtype=torch.long, device=P.device)
     rows = torch.arange(B, device=P.device)  # (A,) the rows still searching
     low = high = None  # (A, 1): every kept token has p > low; the cut is at most high
     rounds = 0
     while rounds < max_rounds:
         rounds += 1
-        # round 1 races over every token (a zero-probability token has key 0 and never wins)
-        scores = key if low is None else torch.where(P > low, key, -1.0)
-        j = scores.argmax(dim=-1, keepdim=True)  # (A, 1)
+        # propose j ~ p restricted to {p > low}: inverse CDF, one uniform per row
+        cdf = (P if low is None else torch.where(P > low, P, 0.0)).cumsum(dim=-1)  # (A, V)
+        u = torch.rand(P.size(0), 1, generator=generator, device=P.device) * cdf[:, -1:]
+        j = torch.searchsorted(cdf, u, right=True).clamp_max_(V - 1)  # (A, 1)
         pivot0 = P.gather(-1, j)  # (A, 1)
+        # a proposal at or below low can only come from float rounding at the top of the CDF: redraw it
+        valid = (pivot0 > (0.0 if low is None else low))[:, 0]
         above0 = P > pivot0  # (A, V)
-        ok = accept_fn(_mass(P, above0), above0)
+        ok = valid & accept_fn(_mass(P, above0), above0)
         out[rows[ok]] = j[ok, 0]
         rejected = ~ok
         if not bool(rejected.any()):
             return out, rounds
-        # pivot0 is not kept, so nothing at or below it is: low = pivot0. FlashInfer's second
-        # pivot halfway to `high`: if it is kept the cut lies in (pivot0, pivot1], else
-        # nothing at or below pivot1 is kept either, so the interval at least halves.
-        rows, P, key, pivot0 = rows[rejected], P[rejected], key[rejected], pivot0[rejected]
-        high = P.amax(dim=-1, keepdim=True) if high is None else high[rejected]
-        low = pivot0
+        # pivot0 is not kept, so nothing at or below it is: low = pivot0. The second pivot,
+        # halfway to `high`: if it is kept the cut lies in (pivot0, pivot1], else nothing at or
+        # below pivot1 is kept either, so the interval holding the cut at least halves.
+        rows, P, pivot0, valid = rows[rejected], P[rejected], pivot0[rejected], valid[rejected]
+        if high is None:
+            high, low = P.amax(dim=-1, keepdim=True), torch.zeros_like(pivot0)
+        else:
+            high, low = high[rejected], low[rejected]
         pivot1 = (pivot0 + high) * 0.5
         above1 = P > pivot1
         ok1 = accept_fn(_mass(P, above1), above1)[:, None]
-        low, high = torch.where(ok1, pivot0, pivot1), torch.where(ok1, pivot1, high)
+        new_low, new_high = torch.where(ok1, pivot0, pivot1), torch.where(ok1, pivot1, high)
+        keep = ~valid[:, None]  # a redrawn row keeps its interval
+        low, high = torch.where(keep, low, new_low), torch.where(keep, high, new_high)
     # a pathological row (e.g. many exact ties) after max_rounds: finish it exactly
     out[rows] = fallback_fn(P)
     return out, rounds
@@ -259,7 +265,7 @@ def _race_with_pivots(
 
 def _mass(P: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(A, V), (A, V) bool -> (A,) the probability mass under the mask."""
-    return (P * mask).sum(dim=-1)
+    return torch.where(mask, P, 0.0).sum(dim=-1)  # 2x faster than P * mask (no bool -> float copy)
 
 
 def top_p_sorting_free(
@@ -272,15 +278,16 @@ def top_p_sorting_free(
 ):
     """Sample from the top-p renormalised distribution without sorting: (B, V) probs -> (B,) ids.
 
-    A token j is in the top-p set iff the tokens strictly more likely than j hold < p of the mass
-    (the same set as top_p(), up to ties at the cut). Draw E ~ Exp(1) once; the exponential race
-    argmax_{i in S} p_i / E_i is a sample from p restricted to S. Search S from above:
-      round: j = race winner among {p_i > low}; if mass(p > p_j) < p, j is in S, so it is also
-      the winner within S: done. Else every token with p_i <= p_j is out: low = p_j. A second
-      pivot halfway to `high` (FlashInfer's dual pivot) halves the interval holding the cut
-      each round, so rounds stay few even when the proposal keeps landing just below it.
-    Each round is a few passes over V (compare, masked sum, argmax), no O(V log V) sort.
-    The accepted token has mass(S)/mass(p > low) >= p chance per round, so rounds ~ 1/p.
+    A token j is in the top-p set S iff the tokens strictly more likely than j hold < p of the
+    mass (the same set as top_p(), up to ties at the cut). Rejection sampling (FlashInfer):
+      round: propose j ~ p restricted to {p_i > low} (inverse CDF: a cumsum and a binary search,
+      one uniform per row). If mass(p > p_j) < p, j is in S: accept it; accepted proposals are
+      distributed as p restricted to S. Else every token with p_i <= p_j is out: low = p_j.
+      A second pivot halfway to `high` (the dual pivot) halves the interval holding the cut
+      each round, so rounds stay few even when proposals keep landing just below it.
+    Each round is a few passes over V (cumsum, compare, masked sum), no O(V log V) sort. A
+    proposal is accepted with chance mass(S) / mass(p > low) >= p, so rounds ~ 1/p; rows that
+    finish are dropped, so round 2 touches only the ~(1 - p) of rows that need it.
     """
     p = float(p)
     if not 0.0 < p <= 1.0:
@@ -296,7 +303,7 @@ def top_p_sorting_free(
     def fallback(rows_probs):
         return _race_in_set(rows_probs, top_p(rows_probs.log(), p, min_tokens_to_keep), generator)
 
-    ids, rounds = _race_with_pivots(probs, accept, generator, max_rounds, fallback)
+    ids, rounds = _pivot_search(probs, accept, generator, max_rounds, fallback)
     return (ids, rounds) if return_rounds else ids
 
 
@@ -337,7 +344,7 @@ def top_k_sorting_free(
     def fallback(rows_probs):
         return _race_in_set(rows_probs, top_k(rows_probs.log(), k), generator)
 
-    ids, rounds = _race_with_pivots(probs, accept, generator, max_rounds, fallback)
+    ids, rounds = _pivot_search(probs, accept, generator, max_rounds, fallback)
     return (ids, rounds) if return_rounds else ids
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -135,13 +136,28 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         res.env["model"] = {"ref": cfg.model, "kind": lm.kind, "n_params": lm.n_params, "vocab": lm.config.vocab_size}
         if lm.timing_only:
             res.note(f"{cfg.model} has random weights: its fates and quality rows are timings of a real shape, never a quality claim")
-        prompt_logits = next_token_logits(lm, cfg.prompt, device)  # (1, V)
-        part_fates(res, cfg, lm, prompt_logits)
-        part_sure_vs_unsure(res, cfg, lm, device)
-        part_quality(res, cfg, lm, device, progress)
-        part_distribution(res, cfg, prompt_logits)
+        with untimed(device):  # parts 1-3 count tokens, not milliseconds
+            prompt_logits = next_token_logits(lm, cfg.prompt, device)  # (1, V)
+            part_fates(res, cfg, lm, prompt_logits)
+            part_sure_vs_unsure(res, cfg, lm, device)
+            part_quality(res, cfg, lm, device, progress)
+            part_distribution(res, cfg, prompt_logits)
         part_latency(res, cfg, lm, device, prompt_logits, progress)
     return res
+
+
+@contextmanager
+def untimed(device: Device):
+    """One CPU thread for work that is not timed: on a shared, busy CPU a thread pool waiting
+    for a descheduled worker made a decode step of tiny 10x slower (the timed parts keep
+    torch's own thread count)."""
+    n = torch.get_num_threads()
+    if not device.is_cuda:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 @torch.inference_mode()
