@@ -134,3 +134,29 @@ def test_run_lab_unwritable_out_refuses_before_measuring(standin):
 
     with pytest.raises(UsageError, match="--out"):
         cli.run_lab("standin", cli.Common(device="cpu", out="/proc/llmlab"))
+
+
+# ---------------------------------------------------------------- the common options on a real lab
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--seed", "abc"],
+        ["--gpu", "-1"],
+        ["--gpu", "99"],
+        ["--device", "tpu"],
+        ["--out", "/proc/llmlab-results"],  # cannot be created, even by root
+        ["--out", "/nonexistent-parent/results"],
+    ],
+)
+def test_lab_common_bad_input_exits_2(args):
+    device = [] if {"--device", "--gpu"} & set(args) else ["--device", "cpu"]
+    assert_one_line_error(llmlab("gpu-parallelism", "--quick", *device, *args))
+
+
+def test_every_lab_has_a_teaching_help():
+    for lab in ("gpu-parallelism", "roofline", "kvcache-growth", "samplers", "ttft-breakdown", "ttft", "speculative"):
+        p = llmlab(lab, "--help")
+        assert p.returncode == 0, (lab, p.stderr)
+        assert "--quick" in p.stdout and "--device" in p.stdout and "--json" in p.stdout
