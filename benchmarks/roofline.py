@@ -55,7 +55,7 @@ def peer_compute(cfg: R.Config, device, dtypes) -> dict[tuple[str, str], float]:
     """(dtype, peer) -> best median GFLOP/s over the lab's shapes of plain `a @ b`, cache flushed."""
     shapes = cfg.gpu_shapes if device.is_cuda else cfg.cpu_shapes
     flush = L2Flusher(device)
-    gen = torch.Generator().manual_seed(1)
+    gen = R.device_generator(device, 1)
     out: dict[tuple[str, str], float] = {}
     for dtype in dtypes:
         with R._tf32(dtype == "tf32") if device.is_cuda else R._nullcontext():

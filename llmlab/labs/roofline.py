@@ -30,6 +30,7 @@ References:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmlab.core.device import Device, cpu_caches, last_level_cache_bytes
+from llmlab.core.device import Device, cpu_caches, cpu_cores, last_level_cache_bytes
 from llmlab.core.errors import UsageError
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
@@ -69,7 +70,8 @@ class Config:
     gpu_shapes: tuple[tuple[int, int, int], ...] = GPU_SHAPES  # mamf-finder style: large, 256-aligned
     compute_repeats: int = 5  # timed matmuls per shape and dtype (+1 warm-up), cache flushed before each
     intensity_batches: tuple[int, ...] = tuple(2**i for i in range(13))  # M = 1..4096: far below to far above the ridge
-    intensity_kn: int = 4096  # K = N of the weight: 64 MB in FP32, 2x a 32 MB LLC, so M=1 is DRAM-bound
+    intensity_kn: int = 2048  # CPU: K = N of the weight, 16 MB in FP32 (flushed from cache before each call); M=4096 is 34 GFLOP
+    intensity_kn_gpu: int = 8192  # GPU: 128 MB in BF16, 2x+ any L2; M=4096 is 550 GFLOP, well into the compute roof
     intensity_repeats: int = 5  # timed GEMMs per M
     model: str = "tiny"  # the overlay model: any load_config reference
     dtype: str = "auto"  # overlay and sweep compute dtype: auto = float32 on a CPU, bfloat16 on a GPU
@@ -94,7 +96,7 @@ class Config:
                 raise ValueError(f"{name} must be positive integers")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"--dtype {self.dtype}: use auto, {', '.join(DTYPES)}")
-        if self.prefill_tokens < 1 or self.decode_context < 1 or self.intensity_kn < 16:
+        if self.prefill_tokens < 1 or self.decode_context < 1 or min(self.intensity_kn, self.intensity_kn_gpu) < 16:
             raise ValueError("prefill_tokens and decode_context must be >= 1 and intensity_kn >= 16")
 
     @classmethod
@@ -102,7 +104,7 @@ class Config:
         return cls(
             bandwidth_repeats=3, bandwidth_warmup=1, sweep_factor=8, sweep_min_run_s=0.03,
             cpu_shapes=((2048, 1024, 1024), (1024, 2048, 1024)), gpu_shapes=GPU_SHAPES[:2], compute_repeats=3,
-            intensity_batches=(1, 4, 16, 64, 256), intensity_kn=2048, intensity_repeats=3,
+            intensity_batches=(1, 4, 16, 64, 256), intensity_kn_gpu=4096, intensity_repeats=3,
             decode_context=32, decode_batches=(1, 4, 16, 64), decode_steps=6,
         )
 
@@ -198,27 +200,24 @@ def thread_counts(device: Device) -> tuple[int, ...]:
     return tuple(dict.fromkeys((torch.get_num_threads(), 1)))
 
 
-def pick_threads(fn, device: Device) -> int:
-    """The faster thread count for `fn` by a short probe: one thread first, then all (best of two calls
-    each after a warm-up call); a count whose warm-up call is 4x slower than the best so far is dropped."""
-    counts = sorted(thread_counts(device))
-    if len(counts) == 1:
-        return counts[0]
-    probe: dict[int, float] = {}
-    for t in counts:
-        with _threads(t):
+def pick_fastest(cands: dict, device: Device):
+    """The key of the fastest of `cands` (key -> (fn, torch threads)) by a short probe: a warm-up call and a
+    timed call each, in order; a candidate whose warm-up call is 4x slower than the best so far is dropped."""
+    if len(cands) == 1:
+        return next(iter(cands))
+    probe: dict = {}
+    for key, (fn, threads) in cands.items():
+        with _threads(threads):
             warm = measure(fn, device, warmup=0, repeats=1).min_ms
             if probe and warm > 4 * min(probe.values()):
                 continue
-            probe[t] = min(warm, measure(fn, device, warmup=0, repeats=2).min_ms)
+            probe[key] = min(warm, measure(fn, device, warmup=0, repeats=1).min_ms)
     return min(probe, key=probe.get)
 
 
-def measure_threads(fn, device: Device, **kw) -> tuple[Stats, int]:
-    """measure() at the thread count pick_threads() chose."""
-    threads = pick_threads(fn, device)
-    with _threads(threads):
-        return measure(fn, device, **kw), threads
+def pick_threads(fn, device: Device) -> int:
+    """The faster thread count for `fn` (one thread is probed first)."""
+    return pick_fastest({t: (fn, t) for t in sorted(thread_counts(device))}, device)
 
 
 def measure_bandwidth(cfg: Config, device: Device, bufs=None, progress=None) -> pd.DataFrame:
@@ -275,16 +274,21 @@ def matmul_fn(backend: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor)
     return lambda: torch.matmul(a, b, out=out)
 
 
+def device_generator(device: Device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device.torch).manual_seed(seed)
+
+
 def gemm_operands(m: int, n: int, k: int, dtype: str, device: Device, gen: torch.Generator):
+    """Random A (M, K), B (K, N) drawn on the device (`gen` lives there), and an output C (M, N)."""
     dt = _torch_dtype(dtype)
-    a = torch.randn(m, k, generator=gen).to(device.torch, dt)  # (M, K)
-    b = torch.randn(k, n, generator=gen).to(device.torch, dt)  # (K, N)
+    a = torch.randn(m, k, generator=gen, device=device.torch).to(dt)  # (M, K)
+    b = torch.randn(k, n, generator=gen, device=device.torch).to(dt)  # (K, N)
     return a, b, torch.empty(m, n, dtype=dt, device=device.torch)  # (M, N)
 
 
 def check_matmul(backend: str, dtype: str, device: Device) -> None:
     """llm.c style: each variant against an FP64 reference before any timing."""
-    gen = torch.Generator().manual_seed(0)
+    gen = device_generator(device, 0)
     a, b, out = gemm_operands(64, 48, 256, dtype, device, gen)
     with _tf32(dtype == "tf32") if device.is_cuda else _nullcontext():
         matmul_fn(backend, a, b, out)()
@@ -303,7 +307,7 @@ def _nullcontext():
 def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progress=None) -> pd.DataFrame:
     shapes = cfg.gpu_shapes if device.is_cuda else cfg.cpu_shapes
     flush = L2Flusher(device)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = device_generator(device, cfg.seed)
     rows = []
     for dtype in track(progress, dtypes, "compute"):
         with Telemetry(device) as tel, (_tf32(dtype == "tf32") if device.is_cuda else _nullcontext()):
@@ -388,20 +392,23 @@ def gemm_intensity(m: int, k: int, n: int, elem: int) -> tuple[int, int, float]:
 
 def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, progress=None) -> pd.DataFrame:
     flush = L2Flusher(device)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    k = n = cfg.intensity_kn
-    backend = roofs.best_backend[dtype]
+    gen = device_generator(device, cfg.seed + 1)
+    k = n = cfg.intensity_kn_gpu if device.is_cuda else cfg.intensity_kn
     elem = _torch_dtype(dtype).itemsize
     rows = []
     with _tf32(dtype == "tf32") if device.is_cuda else _nullcontext():
         _, w, _ = gemm_operands(1, k, n, dtype, device, gen)  # (N, K) weight, nn.Linear's layout, shared by every M
         for m in track(progress, cfg.intensity_batches, "intensity sweep"):
             x, _, out = gemm_operands(m, n, k, dtype, device, gen)  # (M, K) activations, (M, N) out
-            fn = matmul_fn(backend, x, w.t(), out)  # x @ W^T, as F.linear does
-            s, threads = measure_threads(fn, device, warmup=1, repeats=cfg.intensity_repeats, setup=flush)
+            cands = {(b, t): (matmul_fn(b, x, w.t(), out), t or torch.get_num_threads())  # x @ W^T, as F.linear does
+                     for b, t in matmul_backends(device, dtype)}
+            backend, threads = pick_fastest(cands, device)  # per M: small M wants other kernels than large M
+            with _threads(cands[(backend, threads)][1]):
+                s = measure(cands[(backend, threads)][0], device, warmup=0 if not device.is_cuda else 1,
+                            repeats=cfg.intensity_repeats, setup=flush)
             flops, nbytes, ai = gemm_intensity(m, k, n, elem)
             roof = roofs.attainable(dtype, ai)
-            rows.append(dict(m=m, k=k, n=n, dtype=dtype, backend=backend, threads=threads, flops=flops, bytes=nbytes, intensity=ai,
+            rows.append(dict(m=m, k=k, n=n, dtype=dtype, backend=backend, threads=threads or "blas default", flops=flops, bytes=nbytes, intensity=ai,
                              median_gflops=flops / s.median_s / 1e9, best_gflops=flops / (s.min_ms / 1e3) / 1e9,
                              roof_gflops=roof, fraction_of_roof=flops / s.median_s / 1e9 / roof,
                              bound="memory" if ai < roofs.ridge(dtype) else "compute", median_ms=s.median_ms))
@@ -632,10 +639,12 @@ def _claims(res, cfg, device, config, roofs: Roofs, dtype, sweep, dec) -> None:
     if dec is not None and len(dec):
         one = dec.iloc[0]
         frac = float(one["pct_of_peak_compute"]) / 100
+        spec, _ = peak_for(device, dtype)
+        of_spec = f"; {100 * float(one['achieved_gflops']) / spec:.2f}% of the spec peak" if spec else ""
         res.claim("decode at batch 1 uses under 5% of peak compute here",
                   f"< 5%: intensity {float(one['intensity']):.2f} FLOP/byte vs ridge {ridge:.1f} -> at most "
                   f"{100 * min(1, float(one['intensity']) / ridge):.1f}% of peak if bandwidth-bound",
-                  f"{100 * frac:.2f}% of the measured {dtype} peak ({float(one['achieved_gflops']):.2f} of {roofs.peak_gflops[dtype]:.0f} GFLOP/s)",
+                  f"{100 * frac:.2f}% of the measured {dtype} peak ({float(one['achieved_gflops']):.2f} of {roofs.peak_gflops[dtype]:.0f} GFLOP/s{of_spec})",
                   frac < 0.05, note=f"batch {int(one['batch'])}, {float(one['median_ms']):.2f} ms per step")
         knee_pred = predicted_knee(config, roofs, dtype, float(one["context"]))
         knee, reached = measured_knee(dec)
@@ -682,6 +691,11 @@ def _notes(res, cfg, device, config, roofs: Roofs, dtype_name, dec) -> None:
              "compute = the highest median over shapes and backends, cache flushed before every call.")
     if not device.is_cuda:
         res.note("GPU roofs (TF32, FP16, HBM) not measured: no GPU")
+        load, cores = os.getloadavg()[0], cpu_cores()["logical"]
+        if load > cores:
+            res.note(f"the CPU was busy (1-minute load {load:.1f} on {cores} logical CPUs): these roofs are what this "
+                     "process could get while sharing it, below an idle machine's; the thread count of each row says "
+                     "whether one thread (immune to descheduled OpenMP peers) or all of them won")
     if dec is not None and len(dec):
         w = float(dec.iloc[0]["weight_bytes"])
         llc = last_level_cache_bytes(device)
