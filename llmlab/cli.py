@@ -188,9 +188,10 @@ def models_(
         return
     t = Table(title=f"models ({dtype} weights on {dev.spec}; arch: = random weights, timings only)")
     for col in ("ref", "params", "layers", "heads/kv", "head_dim", "KV KiB/token", "weights GiB", "fits"):
-        t.add_column(col, justify="left" if col == "ref" else "right")
+        t.add_column(col, justify="left" if col == "ref" else "right", no_wrap=col == "ref")
     for r in rows:
-        t.add_row(r["ref"], f"{r['params'] / 1e6:,.1f} M", str(r["layers"]), f"{r['heads']}/{r['kv_heads']}",
+        n = r["params"]
+        t.add_row(r["ref"], f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M", str(r["layers"]), f"{r['heads']}/{r['kv_heads']}",
                   str(r["head_dim"]), f"{r['kv_bytes_per_token'] / 1024:g}", f"{r['weights_bytes'] / 2**30:.2f}",
                   "yes" if r["fits"] else "[red]no[/]")
     out.print(t)
@@ -302,6 +303,23 @@ def tiny_eval(
 # ---------------------------------------------------------------- labs
 
 
+@app.command("speculative", rich_help_panel=LABS)
+def speculative(
+    model: ModelOpt = "tiny",
+    draft: Annotated[str, typer.Option("--draft", help="The draft model (same tokenizer as --model): tiny-draft | a Hugging Face id or local path.")] = "tiny-draft",
+    gamma: Annotated[Optional[int], typer.Option("--gamma", help="Tokens drafted per round (>= 1). Default 4.", show_default=False)] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature of the main comparison (>= 0; 0 = greedy, the default).", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """Speculative decoding: a small draft guesses gamma tokens, the target checks them all in one forward, and the output stays exactly the target's.
+
+    Decoding is one target forward per token. A draft ~5x cheaper proposes gamma tokens; the target scores all gamma + 1 positions at once, keeps the longest accepted prefix plus one token of its own, and the caches are cropped past the first rejection. Greedy: accept while the draft equals the target's argmax. Sampling: accept a token with probability min(1, p/q) and at the first rejection draw from norm(max(0, p - q)) (Leviathan et al., Chen et al.), which makes the output distributed exactly as the target's. This lab proves that (greedy token-for-token identity, a chi-square test against the target's exact law), then measures tokens/s of plain decoding (our loop, HF generate) and speculative decoding (ours, HF assisted generation with the same draft and gamma), the acceptance rate alpha, tokens per round tau, beta = sum min(p, q), the draft/target cost ratio c, and sets Leviathan's predicted speed-up (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) beside the measured one; then sweeps gamma 1..8 and temperature, compares draft-length policies (constant, +2/-1, confidence, oracle), a token tree verified in one forward with a tree attention mask, and batch sizes.
+    """
+    run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed), model=model, draft=draft, gamma=gamma,
+            temperature=temperature)
+
+
 @app.command("roofline", rich_help_panel=LABS)
 def roofline(
     model: ModelOpt = "tiny",
@@ -321,10 +339,11 @@ def ttft_breakdown(
     model: ModelOpt = "tiny",
     rate: Annotated[Optional[list[float]], typer.Option("--rate", help="Arrival rate in requests/s (repeatable, > 0): replaces the utilisation sweep.", show_default=False)] = None,
     utilization: Annotated[Optional[list[float]], typer.Option("--utilization", help="Target utilisation rho (repeatable, in (0, 2)): rate = rho / the measured service time. Default 0.3 0.5 0.7 0.8 0.9 0.95.", show_default=False)] = None,
-    requests: Annotated[Optional[int], typer.Option(help="Requests per arrival rate (>= 2). Default 30 (10 with --quick).", show_default=False)] = None,
+    requests: Annotated[Optional[int], typer.Option(help="Requests per arrival rate (>= 2). Default 30 (16 with --quick).", show_default=False)] = None,
     burst: Annotated[Optional[int], typer.Option(help="Requests that arrive at the same instant (0 = skip). Default 12 (6 with --quick).", show_default=False)] = None,
     new_tokens: Annotated[Optional[int], typer.Option(help="Tokens streamed per request (>= 2). Default 16 (8 with --quick).", show_default=False)] = None,
     cold_starts: Annotated[Optional[int], typer.Option(help="Cold starts in fresh processes (0 = skip). Default 3 (1 with --quick).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads. Default: torch's, or 1 when the CPU is oversubscribed (load average >= cores).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
     out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
 ) -> None:
@@ -334,7 +353,7 @@ def ttft_breakdown(
     """
     run_lab("ttft-breakdown", Common(device, gpu, quick, json_, out, no_save, seed), prompt_len=prompt_len, model=model,
             rates=tuple(rate) if rate else None, utilizations=tuple(utilization) if utilization else None,
-            requests_per_rate=requests, burst=burst, new_tokens=new_tokens, cold_starts=cold_starts)
+            requests_per_rate=requests, burst=burst, new_tokens=new_tokens, cold_starts=cold_starts, threads=threads)
 
 
 app.command("ttft-breakdown", rich_help_panel=LABS)(ttft_breakdown)

@@ -322,6 +322,20 @@ def _apply_eos(emitted: torch.Tensor, done: torch.Tensor, eos: int):
     return emitted, done | is_eos.any(1), first
 
 
+def _finish_round(emitted: torch.Tensor, done: torch.Tensor, eos: int | None):
+    """EOS handling of one round's tokens (B, k): returns (emitted, done, finished).
+
+    When every row is done, the round is cut right after the last row's first EOS, so the output
+    has the length plain decoding gives (which stops once every row has emitted EOS).
+    """
+    if eos is None:
+        return emitted, done, False
+    emitted, done, first = _apply_eos(emitted, done, eos)
+    if not bool(done.all()):
+        return emitted, done, False
+    return (emitted[:, : int(first.max()) + 1] if bool((first >= 0).any()) else emitted[:, :1]), done, True
+
+
 @torch.inference_mode()
 def speculative_generate(
     target,
@@ -391,12 +405,7 @@ def speculative_generate(
         else:
             pending = torch.cat([pending, nxt], dim=1)
         last = nxt
-        finished = False
-        if eos_token_id is not None:
-            emitted, done, first = _apply_eos(emitted, done, eos_token_id)
-            if bool(done.all()):
-                emitted = emitted[:, : int(first.max()) + 1] if bool((first >= 0).any()) else emitted[:, :1]
-                finished = True
+        emitted, done, finished = _finish_round(emitted, done, eos_token_id)
         out.append(emitted)
         produced += emitted.shape[1]
         if finished:
@@ -649,12 +658,7 @@ def tree_generate(
         stats.emitted.append(m + 1)
         stats.drafted.append(depth)
         last = nxt
-        finished = False
-        if eos_token_id is not None:
-            emitted, done, first = _apply_eos(emitted, done, eos_token_id)
-            if bool(done.all()):
-                emitted = emitted[:, : int(first.max()) + 1] if bool((first >= 0).any()) else emitted[:, :1]
-                finished = True
+        emitted, done, finished = _finish_round(emitted, done, eos_token_id)
         out.append(emitted)
         produced += emitted.shape[1]
         if finished:
