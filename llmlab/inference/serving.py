@@ -2,8 +2,8 @@
 
 Reading order: `render_chat` -> `serve` (one request: retrieval, template + tokenize, prefill,
 first token, decode steps) -> `poisson_offsets` / `burst_offsets` -> `run_fcfs` (one worker that
-sleeps until the next arrival when idle) -> queueing theory (`md1_wait`, `mm1_wait`, `lindley`,
-`md1_finite`) -> streaming metrics (`vllm_metrics`, `tool_metrics`).
+sleeps until the next arrival when idle) -> queueing theory (`md1_wait`, `mm1_wait`, `mg1_wait`,
+`lindley`, `finite_run_waits`) -> streaming metrics (`vllm_metrics`, `tool_metrics`).
 
 Every phase has its own start and end stamp (time.perf_counter_ns; the device is synchronised
 before a phase that launched GPU work ends), so the phases do not add up to the TTFT by
@@ -23,8 +23,9 @@ Metric definitions (read from each tool's source):
 
 Queueing (one server, FCFS): M/D/1 mean wait Wq = rho / (2 mu (1 - rho)) = rho D / (2 (1 - rho))
 (Pollaczek-Khinchine with deterministic service D = 1/mu); M/M/1 Wq = rho D / (1 - rho).
-Lindley's recursion W[k] = max(0, W[k-1] + S[k-1] - (A[k] - A[k-1])) gives the exact FCFS waits
-of any arrival sequence A and service times S.
+M/G/1 (any service distribution): Wq = lambda E[S^2] / (2 (1 - rho)). Lindley's recursion
+W[k] = max(0, W[k-1] + S[k-1] - (A[k] - A[k-1])) gives the exact FCFS waits of any arrival
+sequence A and service times S.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Trace:
     end_ns: int = 0  # the worker is free again
     prompt_tokens: int = 0
     template: str = ""
+    tokens: list[int] = field(default_factory=list)  # the streamed token ids
     text: str = ""
 
     # -- the vLLM-benchmark metrics, in ms
@@ -183,16 +185,18 @@ def serve(model, tokenizer, device, req: Request, retrieve: Callable[[str], str]
         piece = tokenizer.decode([tid])
         tr.phases["first_token"] = (t0, now_ns())
         emit(piece)
-        pieces = [piece]
+        pieces, ids_out = [piece], [tid]
 
         for _ in range(req.new_tokens - 1):
             t0 = now_ns()
             tok = decode_one_token(model, tok, cache).argmax(dim=-1, keepdim=True)
-            piece = tokenizer.decode([int(tok)])
+            tid = int(tok)
+            piece = tokenizer.decode([tid])
             tr.step_ns.append((t0, now_ns()))
             emit(piece)
             pieces.append(piece)
-    tr.text = "".join(pieces)
+            ids_out.append(tid)
+    tr.text, tr.tokens = "".join(pieces), ids_out
     tr.end_ns = now_ns()
     return tr
 
@@ -212,11 +216,12 @@ def burst_offsets(n: int) -> np.ndarray:
     return np.zeros(n)
 
 
-def sleep_until(t_ns: int) -> None:
-    """Sleep to just before t_ns, then spin the last 0.2 ms (time.sleep overshoots by ~0.1 ms)."""
+def sleep_until(t_ns: int, spin_ns: int = 2_000_000) -> None:
+    """Sleep to `spin_ns` before t_ns, then spin: time.sleep overshoots by ~0.1 ms idle, by
+    milliseconds on a loaded machine, and the overshoot would count as queue wait."""
     while (left := t_ns - now_ns()) > 0:
-        if left > 300_000:
-            time.sleep((left - 200_000) / 1e9)
+        if left > spin_ns:
+            time.sleep((left - spin_ns) / 1e9)
 
 
 def run_fcfs(offsets_s, serve_one: Callable[[int], Trace], lead_s: float = 0.005) -> list[Trace]:
@@ -257,16 +262,26 @@ def lindley(arrivals_s, services_s) -> np.ndarray:
     return w
 
 
-def md1_finite(rho: float, service_s: float, n: int, reps: int, rng: np.random.Generator) -> dict[str, float]:
-    """Queue waits of n Poisson arrivals into an empty M/D/1 queue, over `reps` simulated runs.
+def mg1_wait(rate: float, services_s) -> float:
+    """M/G/1 mean queue wait (s), Pollaczek-Khinchine: lambda E[S^2] / (2 (1 - rho)); inf at rho >= 1."""
+    s = np.asarray(services_s, float)
+    rho = rate * s.mean()
+    return rate * float(np.mean(s * s)) / (2 * (1 - rho)) if rho < 1 else math.inf
 
-    A short run starts empty and never reaches the steady state that `md1_wait` describes (the
-    relaxation time grows like D / (1 - rho)^2), so this is the fair expectation for n requests.
+
+def finite_run_waits(rate: float, services_s, n: int, reps: int, rng: np.random.Generator) -> dict[str, float]:
+    """Queue waits of n Poisson arrivals into an EMPTY single-server FCFS queue, over `reps` simulated runs.
+
+    Service times are drawn from `services_s` (one value: M/D/1; measured samples: M/G/1 with the
+    measured distribution). A short run starts empty and never reaches the steady state the
+    formulas describe (the relaxation time grows like D / (1 - rho)^2), so this is the fair
+    expectation for n requests.
     """
-    gaps = rng.exponential(service_s / rho, size=(reps, n))  # (R, n)
+    gaps = rng.exponential(1.0 / rate, size=(reps, n))  # (R, n)
+    svc = rng.choice(np.atleast_1d(np.asarray(services_s, float)), size=(reps, n))  # (R, n)
     w = np.zeros((reps, n))
     for k in range(1, n):
-        w[:, k] = np.maximum(0.0, w[:, k - 1] + service_s - gaps[:, k])
+        w[:, k] = np.maximum(0.0, w[:, k - 1] + svc[:, k - 1] - gaps[:, k])
     return {"mean_s": float(w.mean()), "p50_s": float(np.median(w)), "p90_s": float(np.quantile(w, 0.9)),
             "p99_s": float(np.quantile(w, 0.99))}
 
@@ -328,7 +343,7 @@ COLD_START_TAG = "LLMLAB_COLD_START "
 
 
 def cold_start_child(stamps: dict[str, int]) -> None:
-    """The child of `python -c COLD_START_CODE ref device user new_tokens warm_repeats`.
+    """The child of `python -c COLD_START_CODE ref device user new_tokens warm_repeats threads`.
 
     Stamps (time.monotonic_ns, a system-wide clock the parent shares) each step of a cold start,
     serves the same request once cold and `warm_repeats` times warm, and prints one JSON line.
@@ -343,7 +358,10 @@ def cold_start_child(stamps: dict[str, int]) -> None:
     from llmlab.core.device import resolve_device
     from llmlab.core.models import arch_config, classify, load_tokenizer
 
-    ref, device_spec, user, new_tokens, warm_repeats = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    ref, device_spec, user = sys.argv[1], sys.argv[2], sys.argv[3]
+    new_tokens, warm_repeats, threads = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    if threads:
+        torch.set_num_threads(threads)  # the same as the parent's run
     mono_minus_perf = time.monotonic_ns() - time.perf_counter_ns()
     stamps["import_llmlab"] = time.monotonic_ns()
     device = resolve_device(device_spec)
@@ -375,7 +393,7 @@ def cold_start_child(stamps: dict[str, int]) -> None:
     sys.stdout.flush()
 
 
-def cold_start(ref: str, device_spec: str, user: str, new_tokens: int, warm_repeats: int = 3,
+def cold_start(ref: str, device_spec: str, user: str, new_tokens: int, warm_repeats: int = 3, threads: int = 0,
                timeout_s: float = 600) -> dict:
     """Spawn a fresh interpreter that loads `ref` and serves one request; return its stamps.
 
@@ -392,7 +410,7 @@ def cold_start(ref: str, device_spec: str, user: str, new_tokens: int, warm_repe
     root = str(Path(__file__).resolve().parents[2])  # so the child imports this very tree
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    cmd = [sys.executable, "-c", COLD_START_CODE, ref, device_spec, user, str(new_tokens), str(warm_repeats)]
+    cmd = [sys.executable, "-c", COLD_START_CODE, ref, device_spec, user, str(new_tokens), str(warm_repeats), str(threads)]
     spawn = time.monotonic_ns()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     exit_ns = time.monotonic_ns()
