@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +78,7 @@ class Config:
     prefill_tokens: int = 512  # S of the prefill overlay (analytic)
     decode_context: int = 128  # prompt tokens in the KV cache when the decode step is timed
     decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # decode batch sweep: past the ridge on a CPU
-    decode_steps: int = 12  # timed decode steps per batch (+2 warm-up)
+    decode_steps: int = 12  # timed decode steps per batch (after the thread probe and 1 warm-up)
     decode_max_gib: float = 2.0  # CPU: weights above this are not timed (random init of big arch: takes minutes)
     seed: int = 0  # the CLI sets it from --seed
 
@@ -290,7 +290,7 @@ def check_matmul(backend: str, dtype: str, device: Device) -> None:
     """llm.c style: each variant against an FP64 reference before any timing."""
     gen = device_generator(device, 0)
     a, b, out = gemm_operands(64, 48, 256, dtype, device, gen)
-    with _tf32(dtype == "tf32") if device.is_cuda else _nullcontext():
+    with _tf32(dtype == "tf32") if device.is_cuda else nullcontext():
         matmul_fn(backend, a, b, out)()
     ref = a.double().cpu() @ b.double().cpu()
     tol = {"fp32": 1e-3, "tf32": 2e-2, "bf16": 5e-2, "fp16": 2e-2}[dtype] * math.sqrt(256)
@@ -299,18 +299,13 @@ def check_matmul(backend: str, dtype: str, device: Device) -> None:
         raise RuntimeError(f"matmul {backend}/{dtype} differs from the FP64 reference by {err:.3g} (> {tol:.3g})")
 
 
-@contextmanager
-def _nullcontext():
-    yield
-
-
 def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progress=None) -> pd.DataFrame:
     shapes = cfg.gpu_shapes if device.is_cuda else cfg.cpu_shapes
     flush = L2Flusher(device)
     gen = device_generator(device, cfg.seed)
     rows = []
     for dtype in track(progress, dtypes, "compute"):
-        with Telemetry(device) as tel, (_tf32(dtype == "tf32") if device.is_cuda else _nullcontext()):
+        with Telemetry(device) as tel, (_tf32(dtype == "tf32") if device.is_cuda else nullcontext()):
             part = []
             for backend, threads in matmul_backends(device, dtype):
                 check_matmul(backend, dtype, device)
@@ -396,7 +391,7 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
     k = n = cfg.intensity_kn_gpu if device.is_cuda else cfg.intensity_kn
     elem = _torch_dtype(dtype).itemsize
     rows = []
-    with _tf32(dtype == "tf32") if device.is_cuda else _nullcontext():
+    with _tf32(dtype == "tf32") if device.is_cuda else nullcontext():
         _, w, _ = gemm_operands(1, k, n, dtype, device, gen)  # (N, K) weight, nn.Linear's layout, shared by every M
         for m in track(progress, cfg.intensity_batches, "intensity sweep"):
             x, _, out = gemm_operands(m, n, k, dtype, device, gen)  # (M, K) activations, (M, N) out
