@@ -43,7 +43,7 @@ all-labs: install
 	  fi; \
 	done
 
-lab-%: install
+$(addprefix lab-,$(LABS)): lab-%: install  # static pattern: make skips implicit rules for .PHONY targets
 	HF_HUB_OFFLINE=1 $(LLMLAB) $* --out $(OUT)
 
 # The one command to run on a GPU machine: every lab in --quick mode on cuda.
@@ -54,7 +54,7 @@ gpu-check: install
 	  fi; \
 	done
 
-bench-%: install
+bench-roofline bench-samplers bench-speculative: bench-%: install  # static pattern (see lab-%)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)
 
 clean:
