@@ -711,6 +711,8 @@ def acceptance_metrics(stats: SpecStats) -> dict:
         per_position_n=pos_seen,
         histogram=dict(sorted(hist.items())),
         beta=sum(betas) / len(betas) if betas else float("nan"),
+        # if each examined position is accepted with its own probability b_i, the count's standard error
+        beta_se=math.sqrt(sum(b * (1 - b) for b in betas)) / len(betas) if betas else float("nan"),
         tokens_per_target_forward=sum(stats.emitted) / max(1, len(stats.emitted)),
     )
 
