@@ -789,8 +789,9 @@ def exact_law(model, prompt: torch.Tensor, length: int, params: SamplingParams) 
     law = {(): 1.0}
     for _ in range(length):
         ctxs = list(law)
-        ids = torch.cat([prompt.expand(len(ctxs), -1), torch.tensor(ctxs, dtype=torch.long).reshape(len(ctxs), -1)], 1)
-        pr = probs(model(input_ids=ids.to(prompt.device)).logits[:, -1].float(), params).double().cpu()
+        tail = torch.tensor(ctxs, dtype=torch.long, device=prompt.device).reshape(len(ctxs), -1)
+        ids = torch.cat([prompt.expand(len(ctxs), -1), tail], 1)
+        pr = probs(model(input_ids=ids).logits[:, -1].float(), params).double().cpu()
         pr = pr / pr.sum(-1, keepdim=True)
         nxt = {}
         for ctx, row in zip(ctxs, pr, strict=True):
