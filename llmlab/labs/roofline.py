@@ -18,6 +18,11 @@ read = N, write = N, copy = 2N, triad a = b + s*c = 3N. A CPU's write-allocate t
 a line before overwriting it) is real but not counted, so write and copy look slower than read.
 A GEMM moves A + B + C once each: intensity = 2MKN / (bytes of A + B + C).
 
+Threads on a CPU: every kernel is measured with all torch threads and with one (or the faster
+is picked by a short probe) and the `threads` column says which won. On a shared machine an
+OpenMP region waits for its slowest thread, so one thread can beat two by 10x; on an idle one,
+all threads win the compute-bound rows. The roofs are the best of what was measured.
+
 References:
 - Williams, Waterman, Patterson, "Roofline: an insightful visual performance model for
   multicore architectures", CACM 2009.
