@@ -181,24 +181,14 @@ def sample_gumbel(logits_or_probs: torch.Tensor, generator: torch.Generator | No
     return (pr / _exponential(pr, generator)).argmax(dim=-1)
 
 
-def sample(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    min_tokens_to_keep: int = 1,
-    generator: torch.Generator | None = None,
-    method: str = "multinomial",
-) -> torch.Tensor:
-    """One sampling step, (B, V) logits -> (B,) ids. temperature=0 means greedy.
+def sample(logits: torch.Tensor, *, generator: torch.Generator | None = None, method: str = "multinomial", **kwargs) -> torch.Tensor:
+    """One sampling step, (B, V) logits -> (B,) ids; kwargs are process_logits'. temperature=0 is greedy.
 
     method: "multinomial" (softmax + torch.multinomial) or "gumbel" (exponential race).
     """
-    if temperature == 0:
+    if kwargs.get("temperature", 1.0) == 0:
         return greedy(logits)
-    pr = probs(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, min_tokens_to_keep=min_tokens_to_keep)
+    pr = probs(logits, **kwargs)
     if method == "multinomial":
         return sample_multinomial(pr, generator)
     if method == "gumbel":

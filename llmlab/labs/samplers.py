@@ -385,6 +385,7 @@ def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits:
     scale = float(prompt_logits.std())  # synthetic logits spread like the model's real ones
     gen = torch.Generator(device=device.torch).manual_seed(cfg.seed + 2)
     fns = step_fns(cfg, gen)
+    note_busy_cpu(res, device)
     rows, started = [], time.perf_counter()
     for V, B in track(progress, cells, "latency: vocab x batch"):
         if time.perf_counter() - started > cfg.latency_budget_s:
@@ -413,6 +414,20 @@ def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits:
     claim_nine_x(res, df, device)
     claim_sorting_free(res, df, device)
     part_decode_share(res, cfg, lm, device, df[(df["vocab"] == V_model) & (df["batch"] == 1)])
+
+
+def note_busy_cpu(res: LabResult, device: Device) -> None:
+    """Say so when other processes compete for the cores the timed parts run on."""
+    import os
+
+    if device.is_cuda or not hasattr(os, "getloadavg"):
+        return
+    load, cores, threads = os.getloadavg()[0], len(os.sched_getaffinity(0)), torch.get_num_threads()
+    if load > cores:
+        why = ("each timing includes time spent waiting for a core" if threads == 1 else
+               "a multi-threaded op then waits for descheduled workers (ms, not us), so small cells read high; "
+               "OMP_NUM_THREADS=1 gives steadier numbers")
+        res.note(f"the CPU was busy: load {load:.1f} on {cores} cores, torch on {threads} thread(s): {why}")
 
 
 def _headline_cell(df):
