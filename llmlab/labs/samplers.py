@@ -297,7 +297,7 @@ def part_quality(res: LabResult, cfg: Config, lm, device: Device, progress) -> N
     for group, name, kw in track(progress, runs, "quality: generating"):
         out = generate(lm, device, cfg.prompt, cfg.samples, cfg.max_new_tokens, kw, gen)
         m = text_metrics(out, eos)
-        sample = show_token(lm.tokenizer.decode(out["tokens"][0].tolist()))[:80]
+        sample = show_token(lm.tokenizer.decode(out["tokens"][0].tolist()))[:40]
         if group == "strategy":
             strat_rows.append({"strategy": name, "setting": setting(cfg, name), **m, "sample": sample})
         else:
