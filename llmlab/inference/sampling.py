@@ -15,7 +15,9 @@ References:
 - Gumbel-max / exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) is a sample from p
   (Maddison et al. 2014, "A* Sampling"); no cumulative sum, no host sync.
 - FlashInfer, "Sorting-Free GPU Kernels for LLM Sampling" (2025) and
-  include/flashinfer/sampling.cuh: top-p / top-k by rejection with two pivots instead of a sort.
+  include/flashinfer/sampling.cuh: top-p / top-k by rejection with two pivots instead of a sort;
+  proposals by inverse CDF over {p > low}, one uniform per row per round. Here in eager torch,
+  with finished rows dropped between rounds.
 """
 
 from __future__ import annotations
