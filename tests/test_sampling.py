@@ -164,11 +164,12 @@ def test_sorting_free_top_p_samples_the_sort_based_distribution(row, p):
     assert stats.chi2_contingency(both.numpy()).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("method", ["window", "pivot"])
 @pytest.mark.parametrize("k", [1, 4, 15])
-def test_sorting_free_top_k_samples_the_sort_based_distribution(row, k):
+def test_sorting_free_top_k_samples_the_sort_based_distribution(row, k, method):
     target = S.probs(row, top_k=k)[0]
     batch = row.softmax(-1).expand(N, V_SMALL).contiguous()
-    fast = S.top_k_sorting_free(batch, k, torch.Generator().manual_seed(4))
+    fast = S.top_k_sorting_free(batch, k, torch.Generator().manual_seed(4), method=method)
     assert _chi2_pvalue(_counts(fast, V_SMALL), target) > 1e-3
 
 
@@ -200,8 +201,9 @@ def test_sorting_free_on_ties_and_inf_stays_in_the_tie_inclusive_set():
             mass_above = torch.where(pr > pr.gather(-1, ids[:, None]), pr, 0.0).sum(-1)
             assert (mass_above < p).all() and rounds <= 64, name
         for k in (1, 7):
-            ids = S.top_k_sorting_free(pr, k, g)
-            assert ((pr > pr.gather(-1, ids[:, None])).sum(-1) < k).all(), name
+            for method in ("window", "pivot"):
+                ids = S.top_k_sorting_free(pr, k, g, method=method)
+                assert ((pr > pr.gather(-1, ids[:, None])).sum(-1) < k).all(), (name, method)
 
 
 def test_sorting_free_large_vocab_rounds_are_few():
