@@ -347,7 +347,11 @@ def load(ref: str, device: "Device | str" = "cpu", dtype="float32", trust_remote
         return _load_arch(ref, loc, device, dtype)
     config = load_config(ref, trust_remote_code)  # validates remote code / offline before any weights
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    bar = hf_logging.is_progress_bar_enabled()
+    if kind != "hub":
+        hf_logging.disable_progress_bar()  # a local load takes milliseconds: no "Loading weights" bar
     try:
         model = AutoModelForCausalLM.from_pretrained(
             # safetensors are preferred by default; a .bin checkpoint loads only when it is all there is
@@ -357,6 +361,9 @@ def load(ref: str, device: "Device | str" = "cpu", dtype="float32", trust_remote
         if kind == "hub":
             raise _hub_error(ref, exc) from None
         raise UsageError(f"cannot load '{ref}': {str(exc).splitlines()[0]}") from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     model = model.to(device.torch).eval()
     tokenizer = load_tokenizer(ref, trust_remote_code)
     return LoadedModel(ref, "builtin" if kind == "builtin" else "hf", model, tokenizer, timing_only=False)

@@ -91,17 +91,24 @@ def _env() -> dict:
 
 
 def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
+    """metrics.json (every measured number) and MODEL_CARD.md rendered from it."""
     out = Path(out)
-    env = _env()
-    sizes = {name: _folder_bytes(out / name) for name in ("tiny", "tiny-draft")}
-    cfg = report.config
     tail = lambda xs: sum(xs[-20:]) / max(1, len(xs[-20:]))  # noqa: E731  (mean of the last 20 steps)
     payload = {"report": asdict(report) | {"target_losses": None, "draft_losses": None},
                "final_train_loss_target": tail(report.target_losses),
                "final_train_kl_draft": tail(report.draft_losses),
-               "metrics": m, "sizes_bytes": sizes, "env": env, "command": command}
+               "metrics": m, "sizes_bytes": {name: _folder_bytes(out / name) for name in ("tiny", "tiny-draft")},
+               "env": _env(), "command": command}
     (out / "metrics.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    render_card(out)
 
+
+def render_card(out: Path) -> None:
+    """MODEL_CARD.md from out/metrics.json (re-renderable without re-measuring)."""
+    out = Path(out)
+    payload = json.loads((out / "metrics.json").read_text())
+    report, m, env, sizes = payload["report"], payload["metrics"], payload["env"], payload["sizes_bytes"]
+    cfg = report["config"]
     a = m["agreement"]
     t, d = cfg["target"], cfg["draft"]
     lines = [
@@ -113,9 +120,12 @@ def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
         "(KL to the target's logits). They are real trained models, but tiny: good enough to show how inference",
         "behaves, not to answer questions.",
         "",
-        f"Measured by `{command}` on {env['cpu']} ({env['logical']} logical CPUs, torch threads "
-        f"{m.get('torch_threads', 'n/a')}), Python {env['python']}, torch {env['torch']}, transformers "
-        f"{env['transformers']}, {env['utc']}. Re-measure the shipped pair: `llmlab tiny eval`.",
+        f"- Trained by: `{payload['command']}`.",
+        "- Measured by: `llmlab.tiny.evaluate.evaluate_pair` on the saved folders (what `llmlab tiny train` runs",
+        "  after training); `llmlab tiny eval` re-measures the shipped pair.",
+        f"- Machine: {env['cpu']}, {env['logical']} logical CPUs, torch threads {m.get('torch_threads', 'n/a')}"
+        + (f", 1-minute load average {m['load_average_1m']:.1f} when timed" if "load_average_1m" in m else "")
+        + f"; Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}; {env['utc']}.",
         "",
         "## Architecture",
         "",
@@ -129,27 +139,27 @@ def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
     lines += [
         "",
         "RoPE (theta 10000), RMSNorm, SwiGLU, tied input/output embeddings, float32 safetensors.",
-        "Positions past the 128-token training windows work (RoPE) but were never trained on.",
+        f"Positions past the {cfg['seq_len']}-token training windows work (RoPE) but were never trained on.",
         "",
         "## Data",
         "",
-        f"- Corpus sha256 (first 16 hex): `{report.corpus_sha256}` (Python {env['python']}; another version's",
+        f"- Corpus sha256 (first 16 hex): `{report['corpus_sha256']}` (Python {env['python']}; another version's",
         "  standard library gives another corpus).",
-        f"- Train: {report.train_bytes / 1e6:.2f} MB of text, {report.train_tokens:,} tokens; held out (whole documents,",
-        f"  5 % chosen by a hash of their names): {report.heldout_bytes / 1e6:.2f} MB, {report.heldout_tokens:,} tokens.",
+        f"- Train: {report['train_bytes'] / 1e6:.2f} MB of text, {report['train_tokens']:,} tokens; held out (whole",
+        f"  documents, 5 % chosen by a hash of their names): {report['heldout_bytes'] / 1e6:.2f} MB, {report['heldout_tokens']:,} tokens.",
         f"- Tokenizer: byte-level BPE, vocab {cfg['vocab_size']}, `<|endoftext|>` (id 0) as bos/eos/pad.",
         "",
         "## Training",
         "",
         f"- Seed {cfg['seed']}, windows of {cfg['seq_len']} tokens, batch {cfg['batch_size']}, AdamW (0.9, 0.95), weight decay "
         f"{cfg['weight_decay']}, {int(cfg['warmup_frac'] * 100)} % linear warm-up then cosine to {int(cfg['min_lr_frac'] * 100)} %,"
-        f" gradient clip {cfg['grad_clip']}.",
-        f"- `tiny`: {report.target_steps} steps at peak LR {cfg['target_lr']} in {report.target_seconds / 60:.1f} min; "
+        f" gradient clip {cfg['grad_clip']}, torch threads {cfg['threads'] or 'default'}.",
+        f"- `tiny`: {report['target_steps']} steps at peak LR {cfg['target_lr']} in {report['target_seconds'] / 60:.1f} min; "
         f"train loss (mean of the last 20 steps) {payload['final_train_loss_target']:.3f}.",
-        f"- `tiny-draft`: {report.draft_steps} steps of distillation (KL(target || draft), T = {cfg['distill_temperature']}) "
-        f"at peak LR {cfg['draft_lr']} in {report.draft_seconds / 60:.1f} min; final KL {payload['final_train_kl_draft']:.3f} nats/token.",
-        f"- Reproduce exactly: `llmlab tiny train --out DIR --target-steps {report.target_steps} "
-        f"--draft-steps {report.draft_steps}` (seed {cfg['seed']}, same Python and torch).",
+        f"- `tiny-draft`: {report['draft_steps']} steps of distillation (KL(target || draft), T = {cfg['distill_temperature']}) "
+        f"at peak LR {cfg['draft_lr']} in {report['draft_seconds'] / 60:.1f} min; final KL {payload['final_train_kl_draft']:.3f} nats/token.",
+        f"- Reproduce: `llmlab tiny train --out DIR --target-steps {report['target_steps']} "
+        f"--draft-steps {report['draft_steps']} --threads {cfg['threads'] or 1}` (seed {cfg['seed']}; same Python and torch for the same bits).",
         "",
         "## Held-out quality",
         "",
@@ -162,9 +172,9 @@ def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
         f"| unigram baseline (train token frequencies) | {m['loss_unigram']:.3f} | {m['ppl_unigram']:.1f} |",
         "",
         f"**Greedy agreement {a['agreement']:.3f}**: along `tiny`'s greedy continuation ({a['new_tokens']} tokens) of "
-        f"{a['prompts']} held-out prompts of 32 tokens, the fraction of {a['positions']} positions where `tiny-draft`'s",
-        f"argmax equals `tiny`'s (the acceptance rate of greedy speculative decoding). Target self-consistency "
-        f"(teacher-forced argmax vs its own KV-cached greedy tokens): {a['target_self_consistency']:.3f}.",
+        f"{a['prompts']} held-out prompts of 32 tokens, the fraction of {a['positions']} positions where",
+        "`tiny-draft`'s argmax equals `tiny`'s (the per-token acceptance rate of greedy speculative decoding).",
+        f"Target self-consistency (teacher-forced argmax vs its own KV-cached greedy tokens): {a['target_self_consistency']:.3f}.",
         "",
     ]
     if "decode_target" in m:
@@ -173,13 +183,15 @@ def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
             "## Decode cost",
             "",
             f"HF `generate`, greedy, batch 1, 32-token prompt, (t({dt['new_tokens']} + 1 new) - t(1 new)) / {dt['new_tokens']}, "
-            f"median of {dt['repeats']} after a warm-up (min - max):",
+            f"median of {dt['repeats']} after a warm-up,",
+            "the two models alternating (min - max):",
             "",
             f"- `tiny`: {dt['median_ms']:.2f} ms/token ({dt['min_ms']:.2f} - {dt['max_ms']:.2f})",
             f"- `tiny-draft`: {dd['median_ms']:.2f} ms/token ({dd['min_ms']:.2f} - {dd['max_ms']:.2f})",
             f"- cost ratio c = {m['c_ratio']:.3f}; with agreement a = {a['agreement']:.2f} and k = 4 drafted tokens, "
             f"Leviathan et al. predict (1 - a^5) / ((1 - a)(4c + 1)) = {m['expected_speedup_k4']:.2f}x.",
             "",
+            *[line for line in [payload.get("timing_note")] if line],
             "Timings depend on the machine and on what else runs on it; re-measure with `llmlab tiny eval`.",
             "",
         ]
@@ -188,6 +200,7 @@ def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
         for name in ("tiny", "tiny-draft"):
             lines.append(f"- `{name}` ← {json.dumps(prompt)}: {json.dumps(outs[name])}")
     lines += ["", "## Limits", "",
-              "Trained for minutes on a CPU: it continues Python-documentation-like text and code, with loops and",
-              "made-up facts. Use it to measure inference, never to judge answers.", ""]
+              "Trained for minutes on a CPU: it continues Python-documentation-like text and code, and falls into",
+              "loops under greedy decoding (which is also why the draft agrees with it so often). Use it to measure",
+              "inference, never to judge answers.", ""]
     (out / "MODEL_CARD.md").write_text("\n".join(lines))

@@ -7,7 +7,7 @@
   positions where the draft's argmax equals the target's argmax. With drafts of k tokens accepted
   while they agree, this is the per-token acceptance rate alpha of greedy speculative decoding.
 - Decode ms/token: HF `generate` (greedy, batch 1, KV cache), (t(n + 1 new) - t(1 new)) / n, so
-  the prefill is not counted; median of repeats after a warm-up.
+  the prefill is not counted; median of repeats after a warm-up, target and draft alternating.
 
 References:
 - Leviathan et al. 2023, speculative decoding, expected tokens per step (1 - a^(k+1)) / (1 - a):
@@ -18,6 +18,7 @@ References:
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 
@@ -104,22 +105,26 @@ def greedy_agreement(target, draft, prompts, new_tokens: int = 32) -> dict:
     }
 
 
-def decode_ms_per_token(model, prompt, new_tokens: int = 64, repeats: int = 5) -> dict:
-    """HF generate, greedy, batch 1: per-token decode time with the prefill subtracted (ms)."""
+def _generate_ms(model, prompt, n: int) -> float:
     import torch
 
-    def run(n: int) -> float:
-        t0 = time.perf_counter_ns()
-        with torch.no_grad():
-            model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        return (time.perf_counter_ns() - t0) / 1e6
+    t0 = time.perf_counter_ns()
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return (time.perf_counter_ns() - t0) / 1e6
 
-    run(8)  # warm-up
-    per_token = []
+
+def decode_ms_per_token(models: dict, prompt, new_tokens: int = 64, repeats: int = 7) -> dict:
+    """HF generate, greedy, batch 1: per-token decode time with the prefill subtracted (ms), for
+    each named model. Repeats alternate between the models, so a busy machine slows them alike."""
+    per_token: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():
+        _generate_ms(model, prompt, 8)  # warm-up
     for _ in range(repeats):
-        per_token.append((run(new_tokens + 1) - run(1)) / new_tokens)
-    return {"median_ms": statistics.median(per_token), "min_ms": min(per_token), "max_ms": max(per_token),
-            "new_tokens": new_tokens, "repeats": repeats}
+        for name, model in models.items():
+            per_token[name].append((_generate_ms(model, prompt, new_tokens + 1) - _generate_ms(model, prompt, 1)) / new_tokens)
+    return {name: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v),
+                   "new_tokens": new_tokens, "repeats": repeats} for name, v in per_token.items()}
 
 
 def sample_continuations(model, tokenizer, prompts: list[str], new_tokens: int = 40) -> list[str]:
@@ -163,11 +168,12 @@ def evaluate_pair(target, draft, tokenizer, train_ids, heldout_ids, eval_tokens:
     m["params_draft"] = sum(p.numel() for p in draft.parameters())
     if timing:
         prompt = prompts[:1]
-        m["decode_target"] = decode_ms_per_token(target, prompt)
-        m["decode_draft"] = decode_ms_per_token(draft, prompt)
+        timing = decode_ms_per_token({"target": target, "draft": draft}, prompt)
+        m["decode_target"], m["decode_draft"] = timing["target"], timing["draft"]
         m["c_ratio"] = m["decode_draft"]["median_ms"] / m["decode_target"]["median_ms"]
         m["expected_speedup_k4"] = expected_speedup(m["agreement"]["agreement"], m["c_ratio"], 4)
         m["torch_threads"] = torch.get_num_threads()
+        m["load_average_1m"] = os.getloadavg()[0]  # other jobs on the machine inflate both timings
     m["samples"] = {
         p: {"tiny": t, "tiny-draft": d}
         for p, t, d in zip(SAMPLE_PROMPTS, sample_continuations(target, tokenizer, list(SAMPLE_PROMPTS)),
