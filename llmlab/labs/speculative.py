@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -41,7 +42,9 @@ VERSION = 1
 GOAL_VS_PLAIN, GOAL_VS_HF_ASSISTED = 1.3, 1.25  # the issue's performance goal (greedy, built-in pair, CPU)
 PREDICTION_TOLERANCE = 0.2  # "within 20% of Leviathan's prediction"
 
-# Prompts in the built-in pair's domain (Python docs and code), written for this lab, not taken from its corpus.
+HELDOUT_PROMPT_LEN = 32  # tokens per held-out prompt of the built-in pair (as its model card's agreement)
+# Prompts for any other pair (Python docs and code, written for this lab). The built-in pair gets
+# prompts from its held-out documents instead: text it never saw, in its own domain.
 PROMPTS = (
     "def __init__(self, name, value=None):\n        ",
     "The for statement is used to iterate over the elements of",
@@ -63,14 +66,14 @@ class Config:
     top_k: int = 0  # applied to p and q alike (0 = off)
     top_p: float = 1.0  # applied to p and q alike (1 = off)
     new_tokens: int = 48  # per prompt: long enough for ~10 rounds, short enough for many repeats
-    prompts: int = 3  # of PROMPTS: docs prose and code, where agreement differs
+    prompts: int = 3  # held-out prompts (built-in pair) or PROMPTS (other pairs): prose and code differ
     repeats: int = 4  # interleaved timing rounds of the main comparison (median, p10, p90)
     sweep_repeats: int = 3  # interleaved rounds in each sweep
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # the issue's sweep: past the optimum the extra guesses are wasted
     temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)  # greedy, a chat default, the raw distribution
     confidence: float = 0.6  # the confidence policy stops drafting below this top probability
     tree: tuple[int, ...] = (2, 2, 1, 1)  # children per depth: 14 nodes, as deep as the default chain
-    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # distinct prompts per batch (PROMPTS has 8)
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # distinct prompts per batch, no padding (one length)
     batch_tokens: int = 32  # new tokens per row in the batch sweep
     dist_samples: int = 2000  # rows of the distribution test: detects Cohen's w ~0.13 at power 0.8
     dist_top_k: int = 8  # the distribution test's support: few enough cells for expected counts >= 5
@@ -89,8 +92,8 @@ class Config:
             raise ValueError("gammas, batch sizes and tree branching must all be >= 1")
         if self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"--top-k must be >= 0 and --top-p in (0, 1], got {self.top_k}, {self.top_p}")
-        if not 1 <= self.prompts <= len(PROMPTS):
-            raise ValueError(f"prompts must be 1..{len(PROMPTS)}, got {self.prompts}")
+        if not 1 <= self.prompts <= 32:
+            raise ValueError(f"prompts must be 1..32, got {self.prompts}")
         if self.new_tokens < 2 or self.batch_tokens < 2 or self.repeats < 1 or self.sweep_repeats < 1:
             raise ValueError("new_tokens and batch_tokens must be >= 2, repeats >= 1")
         if not 0 < self.confidence < 1 or self.dist_samples < 50 or self.dist_top_k < 2 or self.threads < 0:
@@ -144,9 +147,38 @@ def load_pair(cfg: Config, device: Device) -> Pair:
     t, d = load(cfg.model, device), load(cfg.draft, device)
     if t.tokenizer is None:
         raise UsageError(f"--model {cfg.model} has no tokenizer (random weights): this lab needs a trained pair")
-    ids = [t.tokenizer(p, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device.torch)
-           for p in PROMPTS[: cfg.prompts]]
-    return Pair(t.model, d.model, t.tokenizer, ids, device, t.config.eos_token_id)
+    pair = Pair(t.model, d.model, t.tokenizer, [], device, t.config.eos_token_id)
+    pair.prompts = prompt_set(cfg, pair, cfg.prompts)
+    return pair
+
+
+def prompt_set(cfg: Config, pair: Pair, n: int) -> list[torch.Tensor]:
+    """n prompts (1, S): held-out windows of the built-in pair's corpus (all one length), else PROMPTS."""
+    from llmlab.core.models import BUILTINS
+
+    if cfg.model in BUILTINS and cfg.draft in BUILTINS:
+        from llmlab.tiny.evaluate import heldout_prompts
+
+        rows = heldout_prompts(_heldout_ids(pair.tokenizer), n=n, prompt_len=HELDOUT_PROMPT_LEN,
+                               eot_id=pair.tokenizer.eos_token_id or 0)
+        return [rows[i : i + 1].to(pair.device.torch) for i in range(n)]
+    return [pair.tokenizer(PROMPTS[i % len(PROMPTS)], return_tensors="pt", add_special_tokens=False)["input_ids"]
+            .to(pair.device.torch) for i in range(n)]
+
+
+@lru_cache(maxsize=1)
+def _heldout_ids(tokenizer) -> torch.Tensor:
+    from transformers.utils import logging as hf_logging
+
+    from llmlab.tiny.corpus import build_corpus
+
+    text = build_corpus(heldout_only=True).heldout_text()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the whole held-out stream is longer than a context: fine, it is only cut into windows
+    try:
+        return tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def interleaved(pair: Pair, fns: dict, repeats: int, progress, label: str):
@@ -567,13 +599,12 @@ def part_tree(res: LabResult, pair: Pair, cfg: Config, gen, refs: list, identity
 
 def part_batch(res: LabResult, pair: Pair, cfg: Config, progress) -> None:
     """Greedy speed-up vs batch size, distinct prompts cut to one length (no padding)."""
-    toks = [pair.tokenizer(p, return_tensors="pt", add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    toks = prompt_set(cfg, pair, max(cfg.batch_sizes))
     s = min(t.shape[1] for t in toks)
     params, n = cfg.params(0.0), cfg.batch_tokens
-    fns, batches = {}, {}
+    fns = {}
     for b in cfg.batch_sizes:
-        ids = torch.cat([toks[i % len(toks)][:, :s] for i in range(b)]).to(pair.device.torch)
-        batches[b] = ids
+        ids = torch.cat([t[:, :s] for t in toks[:b]])
         fns[f"plain B={b}"] = plain_fn(pair, n, params, None, [ids])
         fns[f"spec B={b}"] = spec_fn(pair, n, params, None, [ids], gamma=cfg.gamma)
     first, secs = interleaved(pair, fns, cfg.sweep_repeats, progress, "batch sweep")
@@ -581,7 +612,8 @@ def part_batch(res: LabResult, pair: Pair, cfg: Config, progress) -> None:
     for b in cfg.batch_sizes:
         st = merged(first[f"spec B={b}"])
         m = S.acceptance_metrics(st)
-        rows.append(dict(batch=b, distinct_prompts=min(b, len(PROMPTS)), alpha_per_row=m["alpha"], tau_per_row=m["tau"],
+        rows.append(dict(batch=b, distinct_prompts=len({tuple(t[0, :s].tolist()) for t in toks[:b]}), prompt_tokens=s,
+                         alpha_per_row=m["alpha"], tau_per_row=m["tau"],
                          tokens_per_round_min_rule=m["tokens_per_target_forward"],
                          plain_tokens_per_s=statistics.median(b * n / x for x in secs[f"plain B={b}"]),
                          **speed_row(secs, f"spec B={b}", f"plain B={b}", b * n)))
