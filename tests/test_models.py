@@ -157,3 +157,29 @@ def test_model_rows_cover_registry():
     assert {r[5:] for r in refs[2:]} == set(models.ARCHS)
     for r in rows:
         assert r["kv_bytes_per_token"] == 2 * r["layers"] * r["kv_heads"] * r["head_dim"] * 2
+
+
+def test_cli_models_json_matches_the_formula():
+    from typer.testing import CliRunner
+
+    from llmlab.cli import app
+
+    r = CliRunner().invoke(app, ["models", "--json", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    rows = {m["ref"]: m for m in json.loads(r.stdout)["models"]}
+    assert set(rows) == set(models.BUILTINS) | {"arch:" + a for a in models.ARCHS}
+    for name, a in models.ARCHS.items():
+        row = rows["arch:" + name]
+        assert row["kv_bytes_per_token"] == 2 * a["layers"] * a["kv_heads"] * a["head_dim"] * 2
+        assert row["timing_only"] is True
+    assert rows["arch:llama-2-7b"]["kv_bytes_per_token"] == 524288
+
+
+def test_cli_generate_streams_the_builtin():
+    from typer.testing import CliRunner
+
+    from llmlab.cli import app
+
+    r = CliRunner().invoke(app, ["generate", "-n", "6", "--device", "cpu", "def f(x):"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("def f(x):") and len(r.stdout.strip()) > len("def f(x):")
