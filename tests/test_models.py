@@ -91,9 +91,26 @@ def test_hub_offline_is_one_clear_line(monkeypatch):
     import huggingface_hub.constants as hc
 
     monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    models.hub_reachable.cache_clear()
     with pytest.raises(UsageError, match="unreachable") as e:
         models.load_config("some-org/some-model")
     assert "\n" not in str(e.value)
+    models.hub_reachable.cache_clear()
+
+
+def test_hub_without_network_fails_fast(monkeypatch):
+    import time
+
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hc, "ENDPOINT", "https://127.0.0.1:9")  # nothing listens on the discard port
+    models.hub_reachable.cache_clear()
+    t0 = time.perf_counter()
+    with pytest.raises(UsageError, match="unreachable"):
+        models.load("some-org/some-model")
+    assert time.perf_counter() - t0 < 10  # no retry-with-back-off loop
+    models.hub_reachable.cache_clear()
 
 
 def test_arch_too_big_is_refused():

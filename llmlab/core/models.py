@@ -19,8 +19,11 @@ References (the registry's values are the published `config.json` of each model)
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import socket
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -164,6 +167,22 @@ def _hub_error(ref: str, exc: Exception) -> UsageError:
                       "in the local cache: use a local folder with config.json, or a built-in (tiny, tiny-draft)")
 
 
+@functools.lru_cache(maxsize=1)
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """False under HF_HUB_OFFLINE or when the hub's host does not answer within timeout_s
+    (instead of huggingface_hub's five retries with back-off, ~25 s, before the same failure)."""
+    import huggingface_hub.constants as hc
+
+    if hc.HF_HUB_OFFLINE:
+        return False
+    url = urllib.parse.urlparse(hc.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
 def arch_config(name: str) -> "PretrainedConfig":
     """The HF config of a registry architecture (accepts `llama-3-8b` or `arch:llama-3-8b`)."""
     from transformers import AutoConfig
@@ -196,11 +215,16 @@ def load_config(ref: str, trust_remote_code: bool = False) -> "PretrainedConfig"
     if kind == "path":
         _check_remote_code(Path(loc), trust_remote_code)
     try:
-        return AutoConfig.from_pretrained(loc, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(loc, trust_remote_code=trust_remote_code, local_files_only=_local_only(kind))
     except (OSError, ValueError, EnvironmentError) as exc:
         if kind == "hub":
             raise _hub_error(ref, exc) from None
         raise UsageError(f"cannot read the config of '{ref}': {str(exc).splitlines()[0]}") from None
+
+
+def _local_only(kind: str) -> bool:
+    """Hub references read the local cache only when the hub is unreachable (fail fast, one line)."""
+    return kind != "hub" or not hub_reachable()
 
 
 def load_tokenizer(ref: str, trust_remote_code: bool = False):
@@ -211,7 +235,7 @@ def load_tokenizer(ref: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(loc, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(loc, trust_remote_code=trust_remote_code, local_files_only=_local_only(kind))
     except (OSError, ValueError) as exc:
         if kind == "hub":
             raise _hub_error(ref, exc) from None
@@ -356,6 +380,7 @@ def load(ref: str, device: "Device | str" = "cpu", dtype="float32", trust_remote
         model = AutoModelForCausalLM.from_pretrained(
             # safetensors are preferred by default; a .bin checkpoint loads only when it is all there is
             loc, config=config, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code,
+            local_files_only=_local_only(kind),
         )
     except (OSError, ValueError) as exc:
         if kind == "hub":

@@ -49,7 +49,9 @@ def heldout_ids(tokenizer):
 
 def _load_pair(folder: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # local files load in milliseconds; our own bar is the one to show
     target = AutoModelForCausalLM.from_pretrained(folder / "tiny").eval()
     draft = AutoModelForCausalLM.from_pretrained(folder / "tiny-draft").eval()
     return target, draft, AutoTokenizer.from_pretrained(folder / "tiny")
