@@ -597,9 +597,6 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         with sw.phase("compute"):
             comp = res.add_table("compute", measure_compute(cfg, device, compute_dtypes(device, dtype_name), progress))
         roofs = roofs_from(bw, comp)
-        with sw.phase("bandwidth_sweep"):
-            res.add_table("bandwidth_sweep", measure_sweep(cfg, device, bufs, roofs.bandwidth_threads, progress))
-            del bufs
         res.add_table("roofs", roofs_table(roofs, bw, comp, device))
         with sw.phase("intensity_sweep"):
             sweep = res.add_table("intensity_sweep", measure_intensity(cfg, device, dtype, roofs, progress))
@@ -614,6 +611,11 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         else:
             res.note(f"decode step not timed: {cfg.model} needs {need / 2**30:.1f} GiB of weights in {dtype_name} "
                      f"(budget {decode_budget_bytes(cfg, device) / 2**30:.1f} GiB); the overlay is analytic only")
+        with sw.phase("bandwidth_sweep"):  # last: the roofs and the sweeps that are compared with them run back to back
+            res.add_table("bandwidth_sweep", measure_sweep(cfg, device, bufs, roofs.bandwidth_threads, progress))
+            del bufs
+        order = ("bandwidth", "bandwidth_sweep", "compute", "roofs", "intensity_sweep", "overlay", "decode")
+        res.tables = {k: res.tables[k] for k in (*order, *res.tables) if k in res.tables}  # reading order
         res.add_table("roofline_chart", chart_table(roofs, dtype, device, sweep, overlay, dec))
         _charts(res, dtype)
         _claims(res, cfg, device, config, roofs, dtype, sweep, dec)
