@@ -24,9 +24,10 @@ import json
 import re
 import socket
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from llmlab.core.errors import UsageError
 
@@ -85,12 +86,12 @@ _DTYPES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat1
 class LoadedModel:
     ref: str
     kind: str  # "builtin" | "hf" | "arch"
-    model: "PreTrainedModel"
-    tokenizer: "PreTrainedTokenizerBase | None"  # None for arch: (no trained tokenizer)
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None  # None for arch: (no trained tokenizer)
     timing_only: bool  # True for arch: random weights give timings, never a quality claim
 
     @property
-    def config(self) -> "PretrainedConfig":
+    def config(self) -> PretrainedConfig:
         return self.model.config
 
     @property
@@ -183,7 +184,7 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def arch_config(name: str) -> "PretrainedConfig":
+def arch_config(name: str) -> PretrainedConfig:
     """The HF config of a registry architecture (accepts `llama-3-8b` or `arch:llama-3-8b`)."""
     from transformers import AutoConfig
 
@@ -205,7 +206,7 @@ def arch_config(name: str) -> "PretrainedConfig":
     return config
 
 
-def load_config(ref: str, trust_remote_code: bool = False) -> "PretrainedConfig":
+def load_config(ref: str, trust_remote_code: bool = False) -> PretrainedConfig:
     """The config of any reference, without weights."""
     kind, loc = classify(ref)
     if kind == "arch":
@@ -216,7 +217,7 @@ def load_config(ref: str, trust_remote_code: bool = False) -> "PretrainedConfig"
         _check_remote_code(Path(loc), trust_remote_code)
     try:
         return AutoConfig.from_pretrained(loc, trust_remote_code=trust_remote_code, local_files_only=_local_only(kind))
-    except (OSError, ValueError, EnvironmentError) as exc:
+    except (OSError, ValueError) as exc:
         if kind == "hub":
             raise _hub_error(ref, exc) from None
         raise UsageError(f"cannot read the config of '{ref}': {str(exc).splitlines()[0]}") from None
@@ -363,7 +364,7 @@ def _load_arch(ref: str, name: str, device, dtype) -> LoadedModel:
     return LoadedModel(ref, "arch", model.eval(), None, timing_only=True)
 
 
-def load(ref: str, device: "Device | str" = "cpu", dtype="float32", trust_remote_code: bool = False) -> LoadedModel:
+def load(ref: str, device: Device | str = "cpu", dtype="float32", trust_remote_code: bool = False) -> LoadedModel:
     """Resolve a reference and load it in eval mode on the device."""
     device = _as_device(device)
     kind, loc = classify(ref)
@@ -397,7 +398,7 @@ def load(ref: str, device: "Device | str" = "cpu", dtype="float32", trust_remote
 # ---------------------------------------------------------------- what `llmlab models` and `generate` show
 
 
-def model_rows(device: "Device | str" = "cpu", dtype="bfloat16") -> list[dict]:
+def model_rows(device: Device | str = "cpu", dtype="bfloat16") -> list[dict]:
     """One row per built-in and registry entry: params, KV bytes/token (BF16), weight bytes, fits."""
     device = _as_device(device)
     free = device.free_memory_bytes()

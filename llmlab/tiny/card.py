@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from llmlab.tiny.train import Data, OnStep, TrainConfig, TrainReport, train_pair
+from llmlab.tiny.train import OnStep, TrainConfig, TrainReport, train_pair
 
 WEIGHTS = Path(__file__).resolve().parent / "weights"
 
@@ -123,8 +123,8 @@ def render_card(out: Path) -> None:
         "behaves, not to answer questions.",
         "",
         f"- Trained by: `{payload['command']}`.",
-        "- Measured by: `llmlab.tiny.evaluate.evaluate_pair` on the saved folders (what `llmlab tiny train` runs",
-        "  after training); `llmlab tiny eval` re-measures the shipped pair.",
+        f"- Measured by: `{payload.get('measured_by', 'llmlab.tiny.evaluate.evaluate_pair on the saved folders (what llmlab tiny train runs after training)')}`;",
+        "  `llmlab tiny eval` re-measures the shipped pair.",
         f"- Machine: {env['cpu']}, {env['logical']} logical CPUs, torch threads {m.get('torch_threads', 'n/a')}"
         + (f", 1-minute load average {m['load_average_1m']:.1f} when timed" if "load_average_1m" in m else "")
         + f"; Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}; {env['utc']}.",
@@ -184,9 +184,9 @@ def render_card(out: Path) -> None:
         lines += [
             "## Decode cost",
             "",
-            f"HF `generate`, greedy, batch 1, 32-token prompt, (t({dt['new_tokens']} + 1 new) - t(1 new)) / {dt['new_tokens']}, "
-            f"median of {dt['repeats']} after a warm-up,",
-            "the two models alternating (min - max):",
+            f"HF `generate`, greedy, batch 1, 32-token prompt, (median t({dt['new_tokens']} + 1 new) - median t(1 new)) / "
+            f"{dt['new_tokens']} over {dt['repeats']} repeats",
+            "after a warm-up, the two models alternating (min - max of the per-repeat estimates):",
             "",
             f"- `tiny`: {dt['median_ms']:.2f} ms/token ({dt['min_ms']:.2f} - {dt['max_ms']:.2f})",
             f"- `tiny-draft`: {dd['median_ms']:.2f} ms/token ({dd['min_ms']:.2f} - {dd['max_ms']:.2f})",

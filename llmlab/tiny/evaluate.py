@@ -6,8 +6,8 @@
 - Greedy agreement: along the target's own greedy continuation of held-out prompts, the fraction of
   positions where the draft's argmax equals the target's argmax. With drafts of k tokens accepted
   while they agree, this is the per-token acceptance rate alpha of greedy speculative decoding.
-- Decode ms/token: HF `generate` (greedy, batch 1, KV cache), (t(n + 1 new) - t(1 new)) / n, so
-  the prefill is not counted; median of repeats after a warm-up, target and draft alternating.
+- Decode ms/token: HF `generate` (greedy, batch 1, KV cache), (median t(n + 1 new) - median t(1 new)) / n,
+  so the prefill is not counted; repeats after a warm-up, target and draft alternating.
 
 References:
 - Leviathan et al. 2023, speculative decoding, expected tokens per step (1 - a^(k+1)) / (1 - a):
@@ -114,17 +114,24 @@ def _generate_ms(model, prompt, n: int) -> float:
     return (time.perf_counter_ns() - t0) / 1e6
 
 
-def decode_ms_per_token(models: dict, prompt, new_tokens: int = 64, repeats: int = 7) -> dict:
+def decode_ms_per_token(models: dict, prompt, new_tokens: int = 128, repeats: int = 9) -> dict:
     """HF generate, greedy, batch 1: per-token decode time with the prefill subtracted (ms), for
-    each named model. Repeats alternate between the models, so a busy machine slows them alike."""
-    per_token: dict[str, list[float]] = {name: [] for name in models}
+    each named model: (median t(n + 1 new) - median t(1 new)) / n. Repeats alternate between the
+    models, so a busy machine slows them alike; min/max are those of the per-repeat estimates."""
+    long: dict[str, list[float]] = {name: [] for name in models}
+    short: dict[str, list[float]] = {name: [] for name in models}
     for model in models.values():
         _generate_ms(model, prompt, 8)  # warm-up
     for _ in range(repeats):
         for name, model in models.items():
-            per_token[name].append((_generate_ms(model, prompt, new_tokens + 1) - _generate_ms(model, prompt, 1)) / new_tokens)
-    return {name: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v),
-                   "new_tokens": new_tokens, "repeats": repeats} for name, v in per_token.items()}
+            long[name].append(_generate_ms(model, prompt, new_tokens + 1))
+            short[name].append(_generate_ms(model, prompt, 1))
+    out = {}
+    for name in models:
+        each = [(a - b) / new_tokens for a, b in zip(long[name], short[name], strict=True)]
+        out[name] = {"median_ms": (statistics.median(long[name]) - statistics.median(short[name])) / new_tokens,
+                     "min_ms": min(each), "max_ms": max(each), "new_tokens": new_tokens, "repeats": repeats}
+    return out
 
 
 def sample_continuations(model, tokenizer, prompts: list[str], new_tokens: int = 40) -> list[str]:
@@ -177,6 +184,6 @@ def evaluate_pair(target, draft, tokenizer, train_ids, heldout_ids, eval_tokens:
     m["samples"] = {
         p: {"tiny": t, "tiny-draft": d}
         for p, t, d in zip(SAMPLE_PROMPTS, sample_continuations(target, tokenizer, list(SAMPLE_PROMPTS)),
-                           sample_continuations(draft, tokenizer, list(SAMPLE_PROMPTS)))
+                           sample_continuations(draft, tokenizer, list(SAMPLE_PROMPTS)), strict=True)
     }
     return m

@@ -27,9 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmlab.tiny.corpus import Corpus, build_corpus, topic_documents
 from llmlab.tiny.tokenizer import VOCAB_SIZE, encode_documents, save_tokenizer, train_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
