@@ -77,7 +77,7 @@ class Config:
     batch_tokens: int = 32  # new tokens per row in the batch sweep
     dist_samples: int = 2000  # rows of the distribution test: detects Cohen's w ~0.13 at power 0.8
     dist_top_k: int = 8  # the distribution test's support: few enough cells for expected counts >= 5
-    cost_samples: int = 20  # alternating samples of each forward shape for c and the verify cost
+    cost_samples: int = 40  # alternating samples of each forward shape for c and the verify cost
     threads: int = 1  # CPU only: one thread, as ops this small gain nothing from more; 0 keeps torch's default
     seed: int = 0  # the CLI sets it from --seed
 
