@@ -286,9 +286,15 @@ def tiny_eval(
     weights: Annotated[Optional[Path], typer.Option(help="A folder with tiny/ and tiny-draft/ (default: the shipped pair).", show_default=False)] = None,
     json_: JsonOpt = False,
     no_timing: Annotated[bool, typer.Option("--no-timing", help="Skip the decode ms/token measurement.")] = False,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads (default: torch's).", show_default=False)] = None,
 ) -> None:
     """Re-measure a pair: held-out loss, unigram baseline, greedy agreement, decode ms/token."""
+    import torch
+
     from llmlab.tiny.card import WEIGHTS, measure
+
+    if threads:
+        torch.set_num_threads(threads)
 
     folder = weights or WEIGHTS
     if not (folder / "tiny" / "config.json").is_file() or not (folder / "tiny-draft" / "config.json").is_file():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -123,6 +125,30 @@ def is_oom(exc: BaseException) -> bool:
         return True
     msg = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with torch on n intra-op threads (None: unchanged); the old count comes back after."""
+    import torch
+
+    old = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def cpu_load() -> tuple[float | None, int]:
+    """(1-minute load average or None where the OS has none, usable logical CPUs).
+
+    A load above the CPU count means other processes share the cores: OpenMP threads then wait for
+    descheduled peers, and multi-threaded timings come out slow and noisy.
+    """
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return load, cpu_cores()["logical"]
 
 
 # ---------------------------------------------------------------- the CPU card

@@ -25,7 +25,6 @@ References:
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llmlab.core.device import Device, cpu_cores, cpu_isa, is_oom, resolve_device
+from llmlab.core.device import Device, cpu_cores, cpu_isa, cpu_load, is_oom, resolve_device, torch_threads
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
@@ -118,7 +117,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     gpu = device if device.is_cuda else None
     sweep = thread_counts(cfg.max_threads or cpu_cores()["logical"])
     res.env["lab"] = {"cpu_isa": cpu_isa(), "cpu_cores": cpu_cores(), "thread_sweep": list(sweep), "gpu": gpu.spec if gpu else None}
-    load, usable = (os.getloadavg()[0] if hasattr(os, "getloadavg") else None), cpu_cores()["logical"]
+    load, usable = cpu_load()
     res.env["lab"]["loadavg_1min_at_start"] = load
     if load is not None and load >= 0.5 * usable:
         res.note(f"The 1-minute load average was {load:.1f} on {usable} usable CPUs at the start: other processes share the cores, "
@@ -154,17 +153,6 @@ def thread_counts(cores: int) -> tuple[int, ...]:
         out.append(t)
         t *= 2
     return (*out, cores)
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block with torch on n intra-op threads; the original count comes back afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def threads_setter(n: int) -> Callable[[], None]:

@@ -35,7 +35,6 @@ References:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmlab.core.device import Device, cpu_caches, cpu_cores, last_level_cache_bytes
+from llmlab.core.device import Device, cpu_caches, cpu_load, last_level_cache_bytes, torch_threads
 from llmlab.core.errors import UsageError
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
@@ -143,16 +142,6 @@ def _tf32(enabled: bool):
         m.fp32_precision = old
 
 
-@contextmanager
-def _threads(n: int):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def _time(fn, device: Device, repeats: int, min_run_s: float) -> Stats:
     """measure() for calls of a millisecond or more; autorange() (blocks of many calls) below."""
     probe = measure(fn, device, warmup=1, repeats=3)
@@ -212,7 +201,7 @@ def pick_fastest(cands: dict, device: Device):
         return next(iter(cands))
     probe: dict = {}
     for key, (fn, threads) in cands.items():
-        with _threads(threads):
+        with torch_threads(threads):
             warm = measure(fn, device, warmup=0, repeats=1).min_ms
             if probe and warm > 4 * min(probe.values()):
                 continue
@@ -231,7 +220,7 @@ def measure_bandwidth(cfg: Config, device: Device, bufs=None, progress=None) -> 
     jobs = [(t, k) for t in thread_counts(device) for k in KERNELS]
     for threads, name in track(progress, jobs, "bandwidth"):
         fn, nbytes = bandwidth_kernels(a, b, c)[name]
-        with _threads(threads):
+        with torch_threads(threads):
             s = measure(fn, device, warmup=cfg.bandwidth_warmup, repeats=cfg.bandwidth_repeats)
         rows.append(dict(kernel=name, threads=threads, buffer_bytes=a.numel() * 4, bytes_moved=nbytes,
                          median_GBps=nbytes / s.median_s / 1e9, best_GBps=nbytes / (s.min_ms / 1e3) / 1e9,
@@ -253,7 +242,7 @@ def measure_sweep(cfg: Config, device: Device, bufs, threads: int, progress=None
     jobs = [(n, k) for n in sizes for k in ("read", "copy", "triad")]
     for n, name in track(progress, jobs, "bandwidth sweep"):
         fn, nbytes = bandwidth_kernels(a[:n], b[:n], c[:n])[name]
-        with _threads(threads):
+        with torch_threads(threads):
             s = _time(fn, device, cfg.bandwidth_repeats, cfg.sweep_min_run_s)
         ws = nbytes  # the working set is what the kernel touches
         rows.append(dict(kernel=name, threads=threads, buffer_bytes=n * 4, working_set_bytes=ws, level=cache_level(ws, device),
@@ -316,7 +305,7 @@ def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progre
                 check_matmul(backend, dtype, device)
                 for m, n, k in shapes:
                     a, b, out = gemm_operands(m, n, k, dtype, device, gen)
-                    with _threads(threads or torch.get_num_threads()):
+                    with torch_threads(threads or torch.get_num_threads()):
                         s = measure(matmul_fn(backend, a, b, out), device, warmup=1, repeats=cfg.compute_repeats, setup=flush)
                     flops = 2 * m * n * k
                     part.append(dict(dtype=dtype, backend=backend, threads=threads or "blas default", m=m, n=n, k=k, flops=flops,
@@ -403,7 +392,7 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
             cands = {(b, t): (matmul_fn(b, x, w.t(), out), t or torch.get_num_threads())  # x @ W^T, as F.linear does
                      for b, t in matmul_backends(device, dtype)}
             backend, threads = pick_fastest(cands, device)  # per M: small M wants other kernels than large M
-            with _threads(cands[(backend, threads)][1]):
+            with torch_threads(cands[(backend, threads)][1]):
                 s = measure(cands[(backend, threads)][0], device, warmup=0 if not device.is_cuda else 1,
                             repeats=cfg.intensity_repeats, setup=flush)
             flops, nbytes, ai = gemm_intensity(m, k, n, elem)
@@ -529,12 +518,12 @@ def time_decode_step(model, batch: int, context: int, steps: int, device: Device
     vocab = model.config.vocab_size
     cache = new_cache(model)
     ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device.torch)  # (B, S)
-    with _threads(min(thread_counts(device))):  # not timed: the cheap way (one thread wins on a busy CPU)
+    with torch_threads(min(thread_counts(device))):  # not timed: the cheap way (one thread wins on a busy CPU)
         prefill(model, ids, cache)  # fills the KV cache
     tok = torch.randint(0, vocab, (batch, 1), generator=gen).to(device.torch)  # (B, 1)
     step = lambda: decode_one_token(model, tok, cache)  # noqa: E731
     threads = threads or pick_threads(step, device)
-    with _threads(threads):
+    with torch_threads(threads):
         return measure(step, device, warmup=1, repeats=steps), threads
 
 
@@ -699,8 +688,8 @@ def _notes(res, cfg, device, config, roofs: Roofs, dtype_name, dec) -> None:
              "compute = the highest median over shapes and backends, cache flushed before every call.")
     if not device.is_cuda:
         res.note("GPU roofs (TF32, FP16, HBM) not measured: no GPU")
-        load, cores = os.getloadavg()[0], cpu_cores()["logical"]
-        if load > cores:
+        load, cores = cpu_load()
+        if load is not None and load > cores:
             res.note(f"the CPU was busy (1-minute load {load:.1f} on {cores} logical CPUs): these roofs are what this "
                      "process could get while sharing it, below an idle machine's; the thread count of each row says "
                      "whether one thread (immune to descheduled OpenMP peers) or all of them won")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmlab.core.device import Device
+from llmlab.core.device import Device, cpu_load, torch_threads
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
 from llmlab.core.timing import measure
@@ -151,13 +151,8 @@ def untimed(device: Device):
     """One CPU thread for work that is not timed: on a shared, busy CPU a thread pool waiting
     for a descheduled worker made a decode step of tiny 10x slower (the timed parts keep
     torch's own thread count)."""
-    n = torch.get_num_threads()
-    if not device.is_cuda:
-        torch.set_num_threads(1)
-    try:
+    with torch_threads(None if device.is_cuda else 1):
         yield
-    finally:
-        torch.set_num_threads(n)
 
 
 @torch.inference_mode()
@@ -418,12 +413,9 @@ def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits:
 
 def note_busy_cpu(res: LabResult, device: Device) -> None:
     """Say so when other processes compete for the cores the timed parts run on."""
-    import os
-
-    if device.is_cuda or not hasattr(os, "getloadavg"):
-        return
-    load, cores, threads = os.getloadavg()[0], len(os.sched_getaffinity(0)), torch.get_num_threads()
-    if load > cores:
+    load, cores = cpu_load()
+    threads = torch.get_num_threads()
+    if not device.is_cuda and load is not None and load > cores:
         why = ("each timing includes time spent waiting for a core" if threads == 1 else
                "a multi-threaded op then waits for descheduled workers (ms, not us), so small cells read high; "
                "OMP_NUM_THREADS=1 gives steadier numbers")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmlab.core.device import Device
+from llmlab.core.device import Device, torch_threads
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
 from llmlab.core.timing import summarize
@@ -140,18 +140,16 @@ def _setup(cfg: Config, device: Device, res: LabResult) -> Ctx:
 def _threads(cfg: Config, device: Device, res: LabResult) -> int:
     """The torch thread count for this run (CPU only): oversubscription makes OpenMP threads wait for
     each other (a descheduled thread stalls every parallel region), 10x slower forwards here."""
-    import os
-
     import torch
+
+    from llmlab.core.device import cpu_load
 
     if device.is_cuda:
         return 0
     if cfg.threads:
         return cfg.threads
-    from llmlab.core.device import cpu_cores
-
-    cores, load = cpu_cores()["logical"], os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load >= cores and torch.get_num_threads() > 1:
+    load, cores = cpu_load()
+    if load is not None and load >= cores and torch.get_num_threads() > 1:
         res.note(f"the CPU is oversubscribed (load average {load:.1f} on {cores} cores): torch runs with 1 thread, "
                  "since OpenMP threads that wait for descheduled peers make every forward many times slower "
                  "(--threads N overrides)")
@@ -390,20 +388,15 @@ def _stats(ms: list[float]) -> dict:
 
 def run(cfg: Config, device: Device, progress=None) -> LabResult:
     """Measures. Returns data. Never prints."""
-    import torch
 
     res = LabResult.new(LAB, VERSION, cfg)
-    before = torch.get_num_threads()
     with res.guard():
         ctx = _setup(cfg, device, res)
         ctx.threads = _threads(cfg, device, res)
         if ctx.threads:
-            torch.set_num_threads(ctx.threads)
             res.env["torch_threads"] = ctx.threads
-        try:
+        with torch_threads(ctx.threads or None):
             _run_parts(ctx, res, progress)
-        finally:
-            torch.set_num_threads(before)
     return res
 
 
