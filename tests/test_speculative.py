@@ -43,10 +43,10 @@ def _toy(seed: int, vocab: int = V, layers: int = 2, scale: float = 25.0):
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """These tests check behaviour, not speed: one thread avoids OpenMP stalls on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    from llmlab.core.device import torch_threads
+
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from functools import lru_cache
 
 import torch
 
-from llmlab.core.device import Device
+from llmlab.core.device import Device, torch_threads
 from llmlab.core.errors import UsageError
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
@@ -249,31 +249,25 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     """Measures. Returns data. Never prints."""
     check_pair(cfg)
     res = LabResult.new(LAB, VERSION, cfg)
-    before = torch.get_num_threads()
-    if cfg.threads and not device.is_cuda:
-        torch.set_num_threads(cfg.threads)
-    try:
-        with res.guard():
-            pair = load_pair(cfg, device)
-            res.env["models"] = {"target": cfg.model, "draft": cfg.draft, "vocab": pair.target.config.vocab_size,
-                                 "target_params": sum(p.numel() for p in pair.target.parameters()),
-                                 "draft_params": sum(p.numel() for p in pair.draft.parameters())}
-            res.env["torch_threads"] = torch.get_num_threads()
-            gen = torch.Generator(device=device.torch).manual_seed(cfg.seed)
-            identity: list[dict] = []
-            tree_ok = part_tree_check(res, pair, cfg)
-            part_distribution(res, pair, cfg, gen)
-            costs = part_costs(res, pair, cfg)
-            main = part_speed(res, pair, cfg, gen, costs, identity, progress)
-            part_gamma_sweep(res, pair, cfg, gen, costs, identity, progress)
-            part_temperature_sweep(res, pair, cfg, gen, progress)
-            part_policies(res, pair, cfg, gen, main["refs"], identity, progress)
-            if tree_ok:
-                part_tree(res, pair, cfg, gen, main["refs"], identity, progress)
-            part_batch(res, pair, cfg, progress)
-            claim_identity(res, identity)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(None if device.is_cuda else cfg.threads), res.guard():
+        pair = load_pair(cfg, device)
+        res.env["models"] = {"target": cfg.model, "draft": cfg.draft, "vocab": pair.target.config.vocab_size,
+                             "target_params": sum(p.numel() for p in pair.target.parameters()),
+                             "draft_params": sum(p.numel() for p in pair.draft.parameters())}
+        res.env["torch_threads"] = torch.get_num_threads()
+        gen = torch.Generator(device=device.torch).manual_seed(cfg.seed)
+        identity: list[dict] = []
+        tree_ok = part_tree_check(res, pair, cfg)
+        part_distribution(res, pair, cfg, gen)
+        costs = part_costs(res, pair, cfg)
+        main = part_speed(res, pair, cfg, gen, costs, identity, progress)
+        part_gamma_sweep(res, pair, cfg, gen, costs, identity, progress)
+        part_temperature_sweep(res, pair, cfg, gen, progress)
+        part_policies(res, pair, cfg, gen, main["refs"], identity, progress)
+        if tree_ok:
+            part_tree(res, pair, cfg, gen, main["refs"], identity, progress)
+        part_batch(res, pair, cfg, progress)
+        claim_identity(res, identity)
     return res
 
 
