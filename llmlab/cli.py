@@ -309,21 +309,20 @@ def tiny_eval(
 # ---------------------------------------------------------------- labs
 
 
-@app.command("speculative", rich_help_panel=LABS)
-def speculative(
-    model: ModelOpt = "tiny",
-    draft: Annotated[str, typer.Option("--draft", help="The draft model (same tokenizer as --model): tiny-draft | a Hugging Face id or local path.")] = "tiny-draft",
-    gamma: Annotated[Optional[int], typer.Option("--gamma", help="Tokens drafted per round (>= 1). Default 4.", show_default=False)] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature of the main comparison (>= 0; 0 = greedy, the default).", show_default=False)] = None,
+@app.command("gpu-parallelism", rich_help_panel=LABS)
+def gpu_parallelism(
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these parts (repeatable): sizes, waves, tensor-cores, launch, alexnet, copies.", show_default=False)] = None,
+    max_threads: Annotated[Optional[int], typer.Option(help="Top of the CPU thread sweep (default: every usable CPU).", show_default=False)] = None,
+    conv_batch: Annotated[Optional[int], typer.Option(help="AlexNet conv1 batch size (default 128; 8 with --quick).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
     out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
 ) -> None:
-    """Speculative decoding: a small draft guesses gamma tokens, the target checks them all in one forward, and the output stays exactly the target's.
+    """See parallelism: the same work as a Python loop, on 1..N CPU threads, and on the GPU.
 
-    Decoding is one target forward per token. A draft ~5x cheaper proposes gamma tokens; the target scores all gamma + 1 positions at once, keeps the longest accepted prefix plus one token of its own, and the caches are cropped past the first rejection. Greedy: accept while the draft equals the target's argmax. Sampling: accept a token with probability min(1, p/q) and at the first rejection draw from norm(max(0, p - q)) (Leviathan et al., Chen et al.), which makes the output distributed exactly as the target's. This lab proves that (greedy token-for-token identity, a chi-square test against the target's exact law), then measures tokens/s of plain decoding (our loop, HF generate) and speculative decoding (ours, HF assisted generation with the same draft and gamma), the acceptance rate alpha, tokens per round tau, beta = sum min(p, q), the draft/target cost ratio c, and sets Leviathan's predicted speed-up (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) beside the measured one; then sweeps gamma 1..8 and temperature, compares draft-length policies (constant, +2/-1, confidence, oracle), a token tree verified in one forward with a tree attention mask, and batch sizes.
+    A CPU has a handful of strong cores; a GPU thousands of simple ones in SMs, plus tensor cores for matmuls. This lab times an FMA, a reduction and a matmul at growing sizes four ways and finds where the GPU starts to win (below it, launch and copy overhead dominate); it shows the CPU's thread scaling against ideal, the wave-quantization saw-tooth around the SM count, FP32 vs TF32/BF16/FP16 (and whether the CPU has AMX), B small matmuls vs one bmm, AlexNet's conv1 at batch 128, and host<->device copy bandwidth. Without a GPU the GPU parts say "not measured: no GPU".
     """
-    run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed), model=model, draft=draft, gamma=gamma,
-            temperature=temperature)
+    run_lab("gpu-parallelism", Common(device, gpu, quick, json_, out, no_save, seed),
+            parts=tuple(only) if only else None, max_threads=max_threads, conv_batch=conv_batch)
 
 
 @app.command("roofline", rich_help_panel=LABS)
@@ -338,6 +337,41 @@ def roofline(
     Every processor has two roofs: how many bytes per second it can move and how many FLOPs per second it can do. Arithmetic intensity (FLOPs per byte moved) decides which one binds: below the ridge point (peak FLOP/s / bandwidth) a kernel waits on memory, above it on the math units. This lab measures both roofs on your device (STREAM-style read/write/copy/triad over buffers 8x the last-level cache, with a size sweep that shows each cache level; matmul FLOP/s over a set of aligned shapes with the cache flushed), compares them with the spec sheet, then sweeps a GEMM from M=1 (a matrix-vector product: ~0.5 FLOP/byte in FP32) to M=4096 and watches it climb the roofline. Finally it places --model's per-layer matmuls of prefill and decode on that roofline and times the real decode step at growing batch: at batch 1 decode reads every weight to do 2 FLOPs with it, so it uses a few percent of peak compute, and batch size is the lever that moves it toward the ridge.
     """
     run_lab("roofline", Common(device, gpu, quick, json_, out, no_save, seed), model=model, dtype=dtype)
+
+
+@app.command("kvcache-growth", rich_help_panel=LABS)
+def kvcache_growth(
+    model: ModelOpt = "tiny",
+    cache_dtype: Annotated[Optional[str], typer.Option("--cache-dtype", help="Cache dtype of the registry table: fp32 | fp16 | bf16 | fp8 | int4-g64 | int4-g32 (4-bit + one FP16 scale per 64 / 32 values). Default bf16.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """Watch the KV cache grow: its bytes against the formula, GQA vs MHA, and the quadratic trap without it.
+
+    Every token leaves a key and a value per layer and KV head in the cache: 2 x layers x kv_heads x head_dim x bytes per token (Llama-2-7B: 512 KiB in BF16; Llama-3-8B, with 4 query heads sharing each KV head: 128 KiB). This lab grows a real cache (batch x length), sums its tensors and checks them byte for byte against that formula (and the sliding window of Mistral); compares the registry models (GiB at 4k/32k/128k, tokens and requests that fit after the weights, as vLLM reports them); and generates with and without the cache, fitting total time vs n: without it every token recomputes the whole prefix, so the total grows as n^2.
+    """
+    run_lab("kvcache-growth", Common(device, gpu, quick, json_, out, no_save, seed), model=model, cache_dtype=cache_dtype)
+
+
+@app.command("samplers", rich_help_panel=LABS)
+def samplers(
+    model: ModelOpt = "tiny",
+    prompt: Annotated[Optional[str], typer.Option(help="The prompt whose next-token distribution meets each strategy.", show_default=False)] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Temperature of the 'temperature' strategy (> 0; 0 is greedy, shown anyway). Default 0.8.", show_default=False)] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="k of top-k (>= 1). Default 40.", show_default=False)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="p of top-p, the mass kept, in (0, 1]. Default 0.9.", show_default=False)] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", help="min-p: keep tokens with p >= min_p x p(top token), in [0, 1]. Default 0.1.", show_default=False)] = None,
+    samples: Annotated[Optional[int], typer.Option(help="Continuations per strategy for the quality table. Default 8.", show_default=False)] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens per continuation. Default 40.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+) -> None:
+    """One distribution, four fates: greedy, temperature, top-k, top-p and min-p on a real next-token distribution, and what each costs.
+
+    The model scores every token of its vocabulary (4,096 for tiny, 128,256 for Llama 3); a sampler turns the scores into one token. Greedy takes the argmax; temperature reshapes the softmax; top-k keeps a fixed number of tokens, top-p the smallest set holding p of the mass, min-p every token at least min_p times as likely as the best. The lab shows what each keeps of the model's real distribution (bar charts), how many tokens each keeps when the model is sure or unsure, what the text looks like (distinct-n, repetition, log-probability, entropy; a temperature sweep), and the latency of one sampling step, ours and Hugging Face's, at vocabularies up to 151,936 and batches up to 128: top-p sorts the vocabulary, greedy reads it once ("top-p costs 9x greedy": reproduce or refute). A sorting-free top-p (FlashInfer's dual-pivot rejection, in torch) is checked to sample the same distribution (chi-square) and timed against the sort.
+    """
+    run_lab("samplers", Common(device, gpu, quick, json_, out, no_save, seed), model=model, prompt=prompt, temperature=temperature,
+            top_k=top_k, top_p=top_p, min_p=min_p, samples=samples, max_new_tokens=max_new_tokens)
 
 
 def ttft_breakdown(
@@ -366,55 +400,21 @@ app.command("ttft-breakdown", rich_help_panel=LABS)(ttft_breakdown)
 app.command("ttft", rich_help_panel=LABS, hidden=True)(ttft_breakdown)  # the short name: the same command
 
 
-@app.command("samplers", rich_help_panel=LABS)
-def samplers(
+@app.command("speculative", rich_help_panel=LABS)
+def speculative(
     model: ModelOpt = "tiny",
-    prompt: Annotated[Optional[str], typer.Option(help="The prompt whose next-token distribution meets each strategy.", show_default=False)] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Temperature of the 'temperature' strategy (> 0; 0 is greedy, shown anyway). Default 0.8.", show_default=False)] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="k of top-k (>= 1). Default 40.", show_default=False)] = None,
-    top_p: Annotated[Optional[float], typer.Option("--top-p", help="p of top-p, the mass kept, in (0, 1]. Default 0.9.", show_default=False)] = None,
-    min_p: Annotated[Optional[float], typer.Option("--min-p", help="min-p: keep tokens with p >= min_p x p(top token), in [0, 1]. Default 0.1.", show_default=False)] = None,
-    samples: Annotated[Optional[int], typer.Option(help="Continuations per strategy for the quality table. Default 8.", show_default=False)] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens per continuation. Default 40.", show_default=False)] = None,
+    draft: Annotated[str, typer.Option("--draft", help="The draft model (same tokenizer as --model): tiny-draft | a Hugging Face id or local path.")] = "tiny-draft",
+    gamma: Annotated[Optional[int], typer.Option("--gamma", help="Tokens drafted per round (>= 1). Default 4.", show_default=False)] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature of the main comparison (>= 0; 0 = greedy, the default).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
     out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
 ) -> None:
-    """One distribution, four fates: greedy, temperature, top-k, top-p and min-p on a real next-token distribution, and what each costs.
+    """Speculative decoding: a small draft guesses gamma tokens, the target checks them all in one forward, and the output stays exactly the target's.
 
-    The model scores every token of its vocabulary (4,096 for tiny, 128,256 for Llama 3); a sampler turns the scores into one token. Greedy takes the argmax; temperature reshapes the softmax; top-k keeps a fixed number of tokens, top-p the smallest set holding p of the mass, min-p every token at least min_p times as likely as the best. The lab shows what each keeps of the model's real distribution (bar charts), how many tokens each keeps when the model is sure or unsure, what the text looks like (distinct-n, repetition, log-probability, entropy; a temperature sweep), and the latency of one sampling step, ours and Hugging Face's, at vocabularies up to 151,936 and batches up to 128: top-p sorts the vocabulary, greedy reads it once ("top-p costs 9x greedy": reproduce or refute). A sorting-free top-p (FlashInfer's dual-pivot rejection, in torch) is checked to sample the same distribution (chi-square) and timed against the sort.
+    Decoding is one target forward per token. A draft ~5x cheaper proposes gamma tokens; the target scores all gamma + 1 positions at once, keeps the longest accepted prefix plus one token of its own, and the caches are cropped past the first rejection. Greedy: accept while the draft equals the target's argmax. Sampling: accept a token with probability min(1, p/q) and at the first rejection draw from norm(max(0, p - q)) (Leviathan et al., Chen et al.), which makes the output distributed exactly as the target's. This lab proves that (greedy token-for-token identity, a chi-square test against the target's exact law), then measures tokens/s of plain decoding (our loop, HF generate) and speculative decoding (ours, HF assisted generation with the same draft and gamma), the acceptance rate alpha, tokens per round tau, beta = sum min(p, q), the draft/target cost ratio c, and sets Leviathan's predicted speed-up (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) beside the measured one; then sweeps gamma 1..8 and temperature, compares draft-length policies (constant, +2/-1, confidence, oracle), a token tree verified in one forward with a tree attention mask, and batch sizes.
     """
-    run_lab("samplers", Common(device, gpu, quick, json_, out, no_save, seed), model=model, prompt=prompt, temperature=temperature,
-            top_k=top_k, top_p=top_p, min_p=min_p, samples=samples, max_new_tokens=max_new_tokens)
-
-
-@app.command("kvcache-growth", rich_help_panel=LABS)
-def kvcache_growth(
-    model: ModelOpt = "tiny",
-    cache_dtype: Annotated[Optional[str], typer.Option("--cache-dtype", help="Cache dtype of the registry table: fp32 | fp16 | bf16 | fp8 | int4-g64 | int4-g32 (4-bit + one FP16 scale per 64 / 32 values). Default bf16.", show_default=False)] = None,
-    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
-) -> None:
-    """Watch the KV cache grow: its bytes against the formula, GQA vs MHA, and the quadratic trap without it.
-
-    Every token leaves a key and a value per layer and KV head in the cache: 2 x layers x kv_heads x head_dim x bytes per token (Llama-2-7B: 512 KiB in BF16; Llama-3-8B, with 4 query heads sharing each KV head: 128 KiB). This lab grows a real cache (batch x length), sums its tensors and checks them byte for byte against that formula (and the sliding window of Mistral); compares the registry models (GiB at 4k/32k/128k, tokens and requests that fit after the weights, as vLLM reports them); and generates with and without the cache, fitting total time vs n: without it every token recomputes the whole prefix, so the total grows as n^2.
-    """
-    run_lab("kvcache-growth", Common(device, gpu, quick, json_, out, no_save, seed), model=model, cache_dtype=cache_dtype)
-
-
-@app.command("gpu-parallelism", rich_help_panel=LABS)
-def gpu_parallelism(
-    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these parts (repeatable): sizes, waves, tensor-cores, launch, alexnet, copies.", show_default=False)] = None,
-    max_threads: Annotated[Optional[int], typer.Option(help="Top of the CPU thread sweep (default: every usable CPU).", show_default=False)] = None,
-    conv_batch: Annotated[Optional[int], typer.Option(help="AlexNet conv1 batch size (default 128; 8 with --quick).", show_default=False)] = None,
-    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
-) -> None:
-    """See parallelism: the same work as a Python loop, on 1..N CPU threads, and on the GPU.
-
-    A CPU has a handful of strong cores; a GPU thousands of simple ones in SMs, plus tensor cores for matmuls. This lab times an FMA, a reduction and a matmul at growing sizes four ways and finds where the GPU starts to win (below it, launch and copy overhead dominate); it shows the CPU's thread scaling against ideal, the wave-quantization saw-tooth around the SM count, FP32 vs TF32/BF16/FP16 (and whether the CPU has AMX), B small matmuls vs one bmm, AlexNet's conv1 at batch 128, and host<->device copy bandwidth. Without a GPU the GPU parts say "not measured: no GPU".
-    """
-    run_lab("gpu-parallelism", Common(device, gpu, quick, json_, out, no_save, seed),
-            parts=tuple(only) if only else None, max_threads=max_threads, conv_batch=conv_batch)
+    run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed), model=model, draft=draft, gamma=gamma,
+            temperature=temperature)
 
 
 # ---------------------------------------------------------------- entry point
