@@ -30,10 +30,11 @@ endif
 	touch $@
 
 test: install
+	$(BIN)/ruff check llmlab tests benchmarks
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check llmlab tests
+	$(BIN)/ruff check llmlab tests benchmarks
 
 # Every lab that exists, full run, into results/ (one folder per lab).
 all-labs: install

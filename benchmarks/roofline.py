@@ -30,7 +30,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from llmlab.core.device import resolve_device
+from llmlab.core.device import resolve_device, torch_threads
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
 from llmlab.core.timing import L2Flusher, measure
 from llmlab.labs import roofline as R
@@ -69,7 +69,7 @@ def matmul_contenders(a, b, out, dtype: str, device) -> dict[str, tuple]:
 
 
 def _run(fn, threads, device, **kw):
-    with R._threads(threads) if threads else nullcontext():
+    with torch_threads(threads):  # None: torch's own count
         return measure(fn, device, **kw)
 
 
