@@ -160,3 +160,20 @@ def test_every_lab_has_a_teaching_help():
         p = llmlab(lab, "--help")
         assert p.returncode == 0, (lab, p.stderr)
         assert "--quick" in p.stdout and "--device" in p.stdout and "--json" in p.stdout
+
+
+def test_ctrl_c_during_a_lab_saves_what_was_measured_and_exits_130(tmp_path):
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "llmlab", "gpu-parallelism", "--out", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()  # "device: cpu (...)": printed once the lab is about to start measuring
+    assert line.startswith("device:"), line
+    time.sleep(2.0)  # the full run takes tens of seconds: this lands inside the first part
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    saved = json.loads(next((tmp_path / "gpu-parallelism").glob("*.json")).read_text())
+    assert saved["interrupted"] is True
+    assert any(t["rows"] for t in saved["tables"].values())  # something measured before the interrupt was kept
