@@ -176,7 +176,7 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def check_writable(out_dir: Path) -> None:
-    """Raise OSError-derived UsageError text early if results could not be saved in out_dir."""
+    """Raise UsageError before any measurement if results could not be saved in out_dir (creating it if its parent exists)."""
     from llmlab.core.errors import UsageError
 
     out_dir = Path(out_dir)

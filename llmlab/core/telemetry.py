@@ -21,8 +21,6 @@ import time
 
 from llmlab.core.device import Device
 
-_NVML_NOTE_SHOWN = False
-
 # NVML clocks-event reasons worth naming (bit -> name); idle and app-clock settings are left out.
 _THROTTLE_BITS = {
     0x4: "sw_power_cap",
@@ -86,7 +84,6 @@ class Telemetry:
         self._cpu = _cpu_time_s() - self._cpu0
 
     def _init_nvml(self) -> None:
-        global _NVML_NOTE_SHOWN
         try:
             import pynvml
 
@@ -94,9 +91,7 @@ class Telemetry:
             self._nvml = pynvml
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device.index or 0)
         except Exception as exc:
-            self.note = f"NVML unavailable ({type(exc).__name__}): no clocks/power recorded"
-            if not _NVML_NOTE_SHOWN:
-                _NVML_NOTE_SHOWN = True
+            self.note = f"NVML unavailable ({type(exc).__name__}): no clocks/power recorded"  # the summary says it
 
     # -- sampling
     def _loop(self) -> None:

@@ -157,12 +157,6 @@ class Stopwatch:
     def __init__(self, device: Device | None = None):
         self.device = device
         self.phases_ms: dict[str, float] = {}
-        self.marks_ns: list[tuple[str, int]] = []
-
-    def mark(self, name: str) -> int:
-        t = time.perf_counter_ns()
-        self.marks_ns.append((name, t))
-        return t
 
     def phase(self, name: str):
         return _Phase(self, name)
