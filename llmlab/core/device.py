@@ -45,6 +45,28 @@ class Device:
     def kind(self) -> str:
         return "cuda" if self.is_cuda else "cpu"
 
+    @contextmanager
+    def activate(self) -> Iterator[Device]:
+        """Make this the current CUDA device (torch.cuda.set_device) for the block; the old one comes back after.
+
+        Streams, events, `torch.cuda.synchronize()` without arguments and torch.utils.benchmark all
+        act on the current device, so a command run with `--gpu 3` runs inside `with device.activate():`.
+        On the CPU, or when this device is already current, nothing changes.
+        """
+        if not self.is_cuda:
+            yield self
+            return
+        import torch
+
+        prev = torch.cuda.current_device()
+        if prev != self.index:
+            torch.cuda.set_device(self.index)
+        try:
+            yield self
+        finally:
+            if prev != self.index:
+                torch.cuda.set_device(prev)
+
     def synchronize(self) -> None:
         if self.is_cuda:
             import torch

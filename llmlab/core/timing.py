@@ -78,34 +78,19 @@ def measure(
     On a GPU each call is bracketed by CUDA events; on the CPU by perf_counter_ns.
     `max_time_s` stops early (keeping at least 3 samples) when the calls are slow.
     """
-    for _ in range(warmup):
-        if setup:
-            setup()
-        fn()
-    device.synchronize()
-    samples: list[float] = []
-    t_start = time.perf_counter()
-    if device.is_cuda:
-        import torch
-
+    with device.activate():
+        for _ in range(warmup):
+            if setup:
+                setup()
+            fn()
+        device.synchronize()
+        samples: list[float] = []
+        t_start = time.perf_counter()
         for _ in range(repeats):
             if setup:
                 setup()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-            if max_time_s and len(samples) >= 3 and time.perf_counter() - t_start > max_time_s:
-                break
-    else:
-        for _ in range(repeats):
-            if setup:
-                setup()
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+            _, sec = timed_call(fn, device)  # CUDA events on this device's current stream, or perf_counter_ns
+            samples.append(sec * 1e3)
             if max_time_s and len(samples) >= 3 and time.perf_counter() - t_start > max_time_s:
                 break
     return summarize(samples)
@@ -174,24 +159,25 @@ def interleaved(
     names = list(fns)
     setups = setups or {}
     first = first or fns
-    outputs: dict[str, object] = {}
-    for name in names:
-        if name in setups:
-            setups[name]()
-        outputs[name] = first[name]()
-    device.synchronize()
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    t_start = time.perf_counter()
-    it: Iterable[int] = range(repeats)
-    for r in rounds(it) if rounds else it:
-        for name in names if r % 2 == 0 else reversed(names):
+    with device.activate():
+        outputs: dict[str, object] = {}
+        for name in names:
             if name in setups:
                 setups[name]()
-            device.synchronize()
-            _, sec = timed_call(fns[name], device)
-            seconds[name].append(sec)
-        if max_time_s is not None and r + 1 >= min_rounds and time.perf_counter() - t_start > max_time_s:
-            break
+            outputs[name] = first[name]()
+        device.synchronize()
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        t_start = time.perf_counter()
+        it: Iterable[int] = range(repeats)
+        for r in rounds(it) if rounds else it:
+            for name in names if r % 2 == 0 else reversed(names):
+                if name in setups:
+                    setups[name]()
+                device.synchronize()
+                _, sec = timed_call(fns[name], device)
+                seconds[name].append(sec)
+            if max_time_s is not None and r + 1 >= min_rounds and time.perf_counter() - t_start > max_time_s:
+                break
     return Interleaved(outputs, seconds)
 
 
@@ -199,15 +185,17 @@ def autorange(fn: Callable[[], object], device: Device, *, min_run_time: float =
     """Time a fast `fn` with torch.utils.benchmark.Timer.blocked_autorange.
 
     Each sample is the mean per-call time of one block of many calls, so the statistics are
-    over blocks (n = number of blocks). The Timer synchronises CUDA itself.
+    over blocks (n = number of blocks). The Timer synchronises the *current* CUDA device, so the
+    call runs with `device` made current (`Device.activate`): `--gpu 3` syncs GPU 3, not GPU 0.
     """
     from torch.utils import benchmark
 
-    fn()  # warm-up: allocator, caches, lazy init
-    device.synchronize()
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=_threads()).blocked_autorange(
-        min_run_time=min_run_time
-    )
+    with device.activate():
+        fn()  # warm-up: allocator, caches, lazy init
+        device.synchronize()
+        m = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=_threads()).blocked_autorange(
+            min_run_time=min_run_time
+        )
     return summarize([t * 1e3 for t in m.times])
 
 
