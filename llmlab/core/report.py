@@ -138,39 +138,14 @@ def _lab_key(lab: str) -> tuple[int, str]:
 
 
 def cell(v: Any, fmt: str = "", width: int = 0) -> str:
-    """One table cell as text, by a Col's fmt: "" 4 significant digits, "x", "%", "int", "text", a format spec."""
-    if hasattr(v, "item") and callable(v.item):
-        try:
-            v = v.item()
-        except (ValueError, TypeError):
-            pass
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        s = "–"
-    elif isinstance(v, bool):
-        s = "yes" if v else "no"
-    elif fmt == "text" or not isinstance(v, (int, float)):
+    """One table cell as text by a Col's fmt, exactly as the terminal report writes it (render.fmt)."""
+    from llmlab.core.render import fmt as render_fmt
+
+    try:
+        s = render_fmt(v, fmt)
+    except (ValueError, TypeError):  # a format spec that does not fit the value
         s = str(v)
-    elif isinstance(v, float) and math.isinf(v):
-        s = "∞" if v > 0 else "-∞"
-    elif fmt == "x":
-        s = f"{v:.3g}x"
-    elif fmt == "%":
-        s = f"{100 * v:.3g}%"
-    elif fmt == "int":
-        s = f"{int(round(v)):,}"
-    elif fmt:
-        try:
-            s = format(v, fmt)
-        except (ValueError, TypeError):
-            s = str(v)
-    elif isinstance(v, int):
-        s = f"{v:,}"
-    elif v != 0 and (abs(v) >= 1e7 or abs(v) < 1e-3):
-        s = f"{v:.3e}"
-    elif abs(v) >= 1000:
-        s = f"{v:,.0f}"
-    else:
-        s = f"{v:.4g}"
+    s = s.replace("\n", " ")
     if width and len(s) > width:
         s = s[: max(1, width - 1)] + "…"
     return s
