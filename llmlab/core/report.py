@@ -212,7 +212,6 @@ def _powers_of_two(values) -> bool:
 def chart_figure(df: pd.DataFrame, chart: Any, headers: dict[str, str] | None = None, title: bool = True):
     """Draw a Chart (line | scatter | bar | stacked; series; logx/logy) from df into a matplotlib Figure."""
     plt = _pyplot()
-    from matplotlib.ticker import ScalarFormatter
 
     headers = headers or {}
     ys = [chart.y] if isinstance(chart.y, str) else list(chart.y)
@@ -241,16 +240,17 @@ def chart_figure(df: pd.DataFrame, chart: Any, headers: dict[str, str] | None = 
         (ax.set_yticks if horizontal else ax.set_xticks)(pos, labels, **({} if horizontal else {"rotation": 30 if len(labels) > 4 else 0, "ha": "right" if len(labels) > 4 else "center"}))
         if horizontal:
             ax.invert_yaxis()
-        value_log = chart.logy or chart.logx
-        if value_log:
+        if chart.logy or chart.logx:
+            value_axis = ax.xaxis if horizontal else ax.yaxis
             (ax.set_xscale if horizontal else ax.set_yscale)("log")
+            _plain_log_ticks(value_axis)
         ax.grid(axis="x" if horizontal else "y", alpha=0.3)
         cat_label = chart.xlabel or headers.get(chart.x, chart.x)
         val_label = chart.ylabel or (headers.get(ys[0], ys[0]) if len(ys) == 1 else "")
         ax.set_xlabel(val_label if horizontal else cat_label)
         ax.set_ylabel(cat_label if horizontal else val_label)
         if len(ys) > 1:
-            ax.legend(fontsize=8, frameon=False)
+            ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
         groups = [(None, df)] if not getattr(chart, "series", None) else list(df.groupby(chart.series, sort=False))
         n_lines = 0
@@ -272,22 +272,38 @@ def chart_figure(df: pd.DataFrame, chart: Any, headers: dict[str, str] | None = 
                 n_lines += 1
         if chart.logx:
             ax.set_xscale("log", base=2 if _powers_of_two(df[chart.x]) else 10)
-            if _powers_of_two(df[chart.x]):
-                ax.xaxis.set_major_formatter(ScalarFormatter())
+            _plain_log_ticks(ax.xaxis)
         if chart.logy:
             ax.set_yscale("log")
+            _plain_log_ticks(ax.yaxis)
         ax.set_xlabel(chart.xlabel or headers.get(chart.x, chart.x))
         ax.set_ylabel(chart.ylabel or (headers.get(ys[0], ys[0]) if len(ys) == 1 else ""))
         ax.grid(alpha=0.3)
         if chart.logx or chart.logy:
             ax.grid(alpha=0.08, which="minor")
-        if n_lines > 1:
-            ax.legend(fontsize=8, frameon=False, ncol=2 if n_lines > 5 else 1)
+        if n_lines > 1:  # outside the plot, on the right: never over a line
+            ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), ncol=2 if n_lines > 12 else 1)
     if title:
         ax.set_title(chart.title, fontsize=11, loc="left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     return fig
+
+
+def _plain_log_ticks(axis) -> None:
+    """Log-axis ticks as plain numbers (1, 2, 4, 1,000) rather than 2x10^3, when the range allows."""
+    from matplotlib.ticker import FuncFormatter
+
+    lo, hi = sorted(axis.get_view_interval())
+    if lo <= 0 or not (1e-3 <= lo and hi < 1e7):
+        return
+
+    def plain(v: float) -> str:
+        return f"{v:,.0f}" if v >= 100 else f"{v:g}"
+
+    few_decades = hi / lo < 300  # then label the 2s and 5s between the powers of ten too
+    axis.set_major_formatter(FuncFormatter(lambda v, _: plain(v)))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: plain(v) if few_decades and f"{v:e}"[0] in "25" else ""))
 
 
 def _num(v) -> float:
@@ -383,7 +399,7 @@ def _view_html(res: LabResult, v: Any) -> str:
 def _run_head(run: Run) -> str:
     env, card = run.result.env, run.card
     bits = [f'<div class="machine">{_e(card.get("name", "?"))} <span class="dev">{_e(card.get("device", "?"))}</span></div>']
-    meta = [f'{_e(env.get("utc", run.stamp))}', f"lab v{_e(run.result.version)}"]
+    meta = [_e(_when(run)), f"lab v{_e(run.result.version)}"]
     if env.get("quick"):
         meta.append("--quick")
     tel = env.get("telemetry") or {}
@@ -441,6 +457,19 @@ def device_card_html(card: dict, n_runs: int) -> str:
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
     title = f'{card.get("name", "?")} <span class="dev">{_e(card.get("device", "?"))}</span>'
     return f'<div class="card"><h3>{title}</h3><table class="kv">{body}</table><div class="muted">{n_runs} run{"s" if n_runs != 1 else ""}</div></div>'
+
+
+def _when(run: Run) -> str:
+    """The run's start as "2026-12-02 14:57 UTC" (the stamp as saved when it is not ISO)."""
+    from datetime import datetime, timezone
+
+    raw = str(run.result.env.get("utc") or run.stamp)
+    for parse in (datetime.fromisoformat, lambda t: datetime.strptime(t, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)):
+        try:
+            return parse(raw).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        except ValueError:
+            continue
+    return raw
 
 
 def _bytes(n: Any) -> str:
@@ -523,13 +552,13 @@ def build_html(runs: list[Run], skipped: list[tuple[Path, str]], source: str = "
         newest: dict[str, Run] = {}
         for r in sorted(labs[lab], key=lambda r: r.stamp):
             newest[r.machine] = r
-        for m in sorted(newest, key=lambda m: (not m.startswith("cuda"), m)):
+        machines = sorted(newest, key=lambda m: (not m.startswith("cuda"), m))
+        for i, m in enumerate(machines):
             r = newest[m]
-            summary_rows.append(
-                f'<tr><td><a href="#{_anchor(lab)}">{_e(lab)}</a></td><td>{_e(m)}</td><td>{_e(r.result.env.get("utc", r.stamp))}</td><td>{_counts(r.claims)}</td></tr>'
-            )
+            first = f'<td rowspan="{len(machines)}"><a href="#{_anchor(lab)}">{_e(lab)}</a></td>' if i == 0 else ""
+            summary_rows.append(f"<tr>{first}<td>{_e(m)}</td><td>{_e(_when(r))}</td><td>{_counts(r.claims)}</td></tr>")
     summary = (
-        '<table class="summary"><thead><tr><th>lab</th><th>device</th><th>newest run (UTC)</th><th>verdicts</th></tr></thead>'
+        '<table class="summary"><thead><tr><th>lab</th><th>device</th><th>newest run</th><th>verdicts</th></tr></thead>'
         f'<tbody>{"".join(summary_rows)}</tbody></table>'
         if summary_rows
         else f'<p class="warn">No lab runs found under {_e(source)}/ (run a lab, e.g. <code>llmlab roofline --quick</code>).</p>'
@@ -595,7 +624,7 @@ table { border-collapse: collapse; }
 table.kv th { text-align:left; font-weight:500; color:var(--muted); padding:1px 12px 1px 0; vertical-align:top; white-space:nowrap; }
 table.kv td { padding:1px 0; }
 table.summary { margin: 6px 0 12px; }
-table.summary th, table.summary td { padding:4px 14px 4px 0; text-align:left; border-bottom:1px solid var(--line); }
+table.summary th, table.summary td { padding:4px 14px 4px 0; text-align:left; border-bottom:1px solid var(--line); vertical-align:top; }
 section.lab { margin: 30px 0 12px; }
 .grid { display:grid; column-gap:28px; row-gap:6px; overflow-x:auto; }
 .part-title { grid-column: 1 / -1; margin-top:14px; padding-top:8px; border-top:1px solid var(--line); }
@@ -621,7 +650,7 @@ tr.v-ok td:first-child { border-left:3px solid var(--ok); }
 tr.v-na td:first-child { border-left:3px solid #d4a72c; }
 .pill { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600; white-space:nowrap; }
 .pill.ok { color:var(--ok); background:var(--okb); } .pill.bad { color:var(--bad); background:var(--badb); } .pill.na { color:var(--na); background:var(--nab); }
-img.plot { display:block; width:100%; max-width:760px; height:auto; margin:6px 0; }
+img.plot { display:block; width:auto; max-width:100%; height:auto; margin:6px 0; }
 figure { margin: 0 0 10px; } .cap { color: var(--muted); font-size:12px; }
 ul.notes { margin:4px 0; padding-left:18px; color:#3d444d; }
 .warn { color:var(--na); background:var(--nab); padding:6px 10px; border-radius:6px; }
