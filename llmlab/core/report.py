@@ -388,11 +388,14 @@ def _view_html(res: LabResult, v: Any) -> str:
         shown = df
     cols = [(c.key, c.header, getattr(c, "fmt", ""), getattr(c, "width", 0)) for c in v.cols]
     missing = [k for k, *_ in cols if k not in shown.columns]
-    out.append(html_table(shown, cols, getattr(v, "max_rows", 12)))
+    table = html_table(shown, cols, getattr(v, "max_rows", 12))
     if missing:
-        out.append(f'<p class="muted">columns not in this run: {_e(", ".join(missing))}</p>')
+        table += f'<p class="muted">columns not in this run: {_e(", ".join(missing))}</p>'
+    chart = ""
     if getattr(v, "chart", None) is not None:
-        out.append(chart_html(res, v.chart, {c.key: c.header for c in v.cols}, title=v.chart.title != v.title))
+        chart = chart_html(res, v.chart, {c.key: c.header for c in v.cols}, title=v.chart.title != v.title)
+    # table and chart side by side when the column is wide enough (one run), else the chart below
+    out.append(f'<div class="tv"><div>{table}</div>{f"<div>{chart}</div>" if chart else ""}</div>')
     return "".join(out)
 
 
@@ -637,6 +640,9 @@ section.lab { margin: 30px 0 12px; }
 .headline { font-size:15px; margin:4px 0 8px; font-weight:500; }
 .tw { overflow-x:auto; }
 table.data, table.verdicts { width:100%; font-size:13px; margin:4px 0; }
+table.data { width:auto; min-width:min(100%, 560px); }
+.tv { display:flex; flex-wrap:wrap; column-gap:32px; align-items:flex-start; }
+.tv > div { min-width:0; max-width:100%; }  /* a 4-column table does not stretch over 1,400 px */
 table.data th, table.verdicts th { text-align:left; font-weight:600; padding:4px 8px; border-bottom:2px solid var(--line); vertical-align:bottom; }
 table.data td, table.verdicts td { padding:3px 8px; border-bottom:1px solid #eaeef2; vertical-align:top; }
 table.data .num { text-align:right; font-variant-numeric: tabular-nums; white-space:nowrap; }
