@@ -465,6 +465,27 @@ def speculative(
             temperature=temperature)
 
 
+@app.command("train-vs-infer", rich_help_panel=LABS)
+def train_vs_infer(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Models to measure (repeatable): tiny | arch:NAME (cut to --arch-layers, random weights) | a Hugging Face id. Default: tiny and arch:qwen2.5-0.5b (tiny only with --quick).", show_default=False)] = None,
+    batch: Annotated[Optional[int], typer.Option(help="Sequences per step (>= 1).", show_default=False)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence (>= 8).", show_default=False)] = None,
+    gen_tokens: Annotated[Optional[int], typer.Option("--gen-tokens", help="Tokens of conversation generated before checking that nothing changed (>= 16).", show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="AdamW learning rate of the one training step on that conversation (> 0).", show_default=False)] = None,
+    arch_layers: Annotated[Optional[int], typer.Option("--arch-layers", help="Layers kept of an arch: model (>= 1).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (0 = torch's default).", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Training does two things, inference one: a forward vs forward + backward + AdamW, their FLOPs and bytes, and why inference does not learn.
+
+    Training runs a forward pass, then a backward pass (about twice the forward's FLOPs) and a weight update, and keeps gradients and Adam's two moments: 16 bytes per parameter before activations, against 2-4 for inference weights. It sees every position of a sequence at once (teacher forcing), while generation produces one token per forward. This lab times and counts (FlopCounterMode) the three regimes on the same batch, counts their bytes tensor by tensor (weights, grads, optimizer state, saved activations, KV cache), scales Llama 3 8B onto one 80 GB GPU by formula, races one forward over T tokens against T decode steps, and checks that generating 1,000 tokens leaves the weights' hash, .grad and the next answer unchanged, while one AdamW step on that conversation changes them.
+    """
+    run_lab("train-vs-infer", Common(device, gpu, quick, json_, out, no_save, seed, tables),
+            models=tuple(model) if model else None, batch=batch, seq_len=seq_len, gen_tokens=gen_tokens, lr=lr,
+            arch_layers=arch_layers, threads=threads)
+
+
 # ---------------------------------------------------------------- entry point
 
 
