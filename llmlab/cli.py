@@ -106,7 +106,12 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         "telemetry": tel.summary(),
         **result.env,
     }
-    result.claims, views, headline = judged(result, module)
+    try:
+        result.claims, views, headline = judged(result, module)
+    except Exception:  # a judge bug must not lose the measurement: save it unjudged, then fail loudly
+        if not common.no_save:
+            err.print(f"[yellow]judge failed: saved the unjudged result as {result.save(common.out, device.slug())}[/]")
+        raise
     result.judge_version = getattr(module, "JUDGE_VERSION", 0)
     path = None if common.no_save else result.save(common.out, device.slug())  # saved first: nothing lost if rendering fails
     if common.json:
@@ -484,6 +489,26 @@ def train_vs_infer(
     run_lab("train-vs-infer", Common(device, gpu, quick, json_, out, no_save, seed, tables),
             models=tuple(model) if model else None, batch=batch, seq_len=seq_len, gen_tokens=gen_tokens, lr=lr,
             arch_layers=arch_layers, threads=threads)
+
+
+@app.command("five-steps", rich_help_panel=LABS)
+def five_steps(
+    model: ModelOpt = "tiny",
+    prompt: Annotated[Optional[str], typer.Option(help="The text whose next word is followed through the model.", show_default=False)] = None,
+    big: Annotated[Optional[str], typer.Option("--big", help="A larger arch: model walked on the meta device (shapes only). Default arch:llama-3-8b.", show_default=False)] = None,
+    size: Annotated[Optional[list[str]], typer.Option("--size", help="arch: models for the breakdown vs size (repeatable; timed on --size-layers layers, scaled). Default qwen2.5-0.5b and llama-3.2-1b; none with --quick.", show_default=False)] = None,
+    size_layers: Annotated[Optional[int], typer.Option("--size-layers", help="Layers of each --size model actually run (>= 1).", show_default=False)] = None,
+    prefill_tokens: Annotated[Optional[int], typer.Option("--prefill-tokens", help="Tokens of the timed prefill (>= 2).", show_default=False)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="p of step 5 under top-p, in (0, 1].", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Watch a model produce one word: tokenize and embed, attention, MLP (once per layer), LM head, sample; shapes, candidates and where the time goes.
+
+    The lab calls the model's own submodules in order by hand and records the real tensor shape after each step (on tiny, and on Llama 3 8B's full shape on the meta device), shows the top-5 words after the LM head and what greedy and top-p pick, checks the hand run gives the forward's logits (no secret sixth step), and stamps each step with forward hooks during a decode step and a prefill: time, FLOPs (shape formula vs FlopCounterMode) and weight bytes per step, and how the split moves with model size.
+    """
+    run_lab("five-steps", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, prompt=prompt, big=big,
+            sizes=tuple(size) if size else None, size_layers=size_layers, prefill_tokens=prefill_tokens, top_p=top_p)
 
 
 # ---------------------------------------------------------------- entry point

@@ -224,7 +224,7 @@ def part_memory(model, label: str, cfg: Config, device: Device) -> list[dict]:
 
     cache = decode.new_cache(model)
     with torch.no_grad():
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits  # (B, T, V)
+        logits = decode.forward(model, ids, cache, logits_to_keep=0)  # (B, T, V): a prefill's logits
     kv = _tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
     act_inf = logits.numel() * logits.element_size()
     inf_peak = peak(lambda: model(input_ids=ids, use_cache=True)) if device.is_cuda else None
