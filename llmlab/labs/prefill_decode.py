@@ -305,8 +305,9 @@ def measure_crossover(cfg, device, lm, shape, elem, peak, bw, gen, progress) -> 
 
 
 def measure_e2e(cfg, device, lm, lens, gen, progress) -> pd.DataFrame:
-    """Generation timed end to end against TTFT + (n - 1) ITL from the parts, the three timed in turn
-    (TTFT, ITL, whole; repeated), so that a change in machine load moves parts and whole alike."""
+    """Generation timed end to end against TTFT + (n - 1) ITL from the parts, timed in turn (a prefill,
+    n - 1 single decode steps, then one whole generation; repeated), so that a change in machine load
+    moves parts and whole alike. TTFT and ITL are the medians of their own calls."""
     import statistics
 
     import pandas as pd
@@ -334,7 +335,7 @@ def measure_e2e(cfg, device, lm, lens, gen, progress) -> pd.DataFrame:
         for r in range(cfg.e2e_repeats + 1):  # round 0 is a warm-up
             cache = new_cache(lm.model)
             a = timed(first, lm.model, ids, cache)
-            b = [timed(step, lm.model, tok, cache) for _ in range(3)]
+            b = [timed(step, lm.model, tok, cache) for _ in range(n - 1)]  # the contexts the reply's steps see
             c = timed(generate, lm.model, ids, n)
             if r:
                 ttft.append(a)
@@ -606,7 +607,7 @@ def views(result: LabResult) -> list[View]:
 
     many = "phases" in result.tables and result.tables["phases"]["model"].nunique() > 1
     dis = result.tables.get("disagg")
-    links = list(dict.fromkeys(dis["link"])) if dis is not None and len(dis) else []
+    links = list(dict.fromkeys(zip(dis["link"], dis["link_GBps"], strict=True))) if dis is not None and len(dis) else []
     model = (Col("model", "model", "text", 12),) if many else ()
     return [
         View("1. The two phases timed", "How many tokens/s does reading the prompt make, and writing the reply?", "phases",
@@ -629,9 +630,10 @@ def views(result: LabResult) -> list[View]:
         View("4. The two numbers: TTFT and ITL", "Does E2E = TTFT + (n - 1) x ITL, from the parts, match the whole?", "e2e",
              (Col("tokens", "T", "int"), Col("new_tokens", "n", "int"), Col("ttft_ms", "TTFT ms"), Col("itl_ms", "ITL ms"),
               Col("predicted_e2e_ms", "E2E pred. ms"), Col("measured_e2e_ms", "E2E ms"), Col("error", "error", "%"))),
-        View("5. Disaggregation, napkin form", "What does moving one request's KV cost next to its prefill?", "disagg",
+        View("5. Disaggregation, napkin form", "What does moving one request's KV cost next to its prefill? (links: "
+             + ", ".join(f"{name} {gbps:g} GB/s" for name, gbps in links) + ")", "disagg",
              (Col("tokens", "T", "int"), Col("kv_bytes", "KV bytes", "int"),
-              *(Col(f"us_{i}", f"move us, {name}", ".3g") for i, name in enumerate(links)),
+              *(Col(f"us_{i}", f"{name.split()[0]} us", ".3g") for i, (name, _) in enumerate(links)),
               Col("prefill_ms", "prefill ms"), Col("itl_ms", "ITL ms")), rows=_by_tokens),
     ]
 
