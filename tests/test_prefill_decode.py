@@ -146,8 +146,8 @@ def fixture(pre_share=0.8, dec_share=0.8, itl_growth=None, e2e_error=0.02, flop_
     res.add_table("phases", pd.DataFrame(rows))
     res.add_table("intensity", P.intensity_rows(pd.DataFrame(rows), peak, bw))
     batches = (1, 4, 16, 64)
-    res.add_table("crossover", pd.DataFrame([dict(batch=b, ms=10.0 * max(1.0, b / knee_batch), formula_crossover=formula_batch,
-                                                  napkin_crossover=20.0) for b in batches]))
+    res.add_table("crossover", pd.DataFrame([dict(batch=b, ms=10.0 * max(1.0, b / knee_batch), roof_ms=2.0 * b,
+                                                  formula_crossover=formula_batch, napkin_crossover=20.0) for b in batches]))
     res.add_table("e2e", pd.DataFrame([dict(model="tiny", tokens=32, new_tokens=8, error=e2e_error)]))
     res.add_table("flop_check", pd.DataFrame([dict(model="tiny", phase="prefill", ratio=flop_ratio),
                                               dict(model="tiny", phase="decode", ratio=1.0)]))
@@ -205,6 +205,9 @@ def test_views_and_headline_render_from_the_tables():
             shown = v.rows(res.tables[v.table])
             assert {c.key for c in v.cols} <= set(shown.columns), v.title
     assert "x the tokens/s of decode" in P.headline(res, P.judge(res))
+    figs = P.figures(res)
+    assert [title for title, _ in figs] == ["TTFT and ITL vs prompt length", "decode batch crossover"]
+    assert all(len(fig.axes[0].lines) >= 2 for _, fig in figs)
 
 
 def test_lengths_beyond_the_context_are_clamped_with_a_note():

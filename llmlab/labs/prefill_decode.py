@@ -56,7 +56,7 @@ LINKS = (("PCIe 4 x16 (spec)", 32.0), ("NVLink 4 (spec)", 450.0))  # GB/s per di
 BOUND_SHARE = 0.5  # a phase is "bound" by a roof when it reaches >= half of it
 E2E_TOL = 0.10  # the issue's tolerance for E2E predicted from the parts
 FLOP_TOL = 0.05  # formula vs FlopCounterMode
-INTERFERENCE = "not measured: needs the serving engine (chunked prefill beside decode)"
+INTERFERENCE = "needs the serving engine's chunked prefill"
 
 
 @dataclass(frozen=True)
@@ -443,8 +443,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         res.add_table("tokens_chart", tps)
         res.add_table("roofline_chart", roofline)
     res.skip("interference", INTERFERENCE)
-    load_txt = f"; load {load_avg:.1f} on {cores} CPUs at the start" if load_avg is not None else ""
-    res.note(f"{threads} thread(s), {dtype}{load_txt}; bytes as counted in llmlab/core/flops.py")
+    load_txt = f", load {load_avg:.1f} on {cores} CPUs" if load_avg is not None else ""
+    res.note(f"{threads} thread(s), {dtype}{load_txt}; bytes: llmlab/core/flops.py")
     if res.env["timing_only"]:
         res.note(f"{', '.join(res.env['timing_only'])}: random weights, timings only (never a quality claim)")
     return res
@@ -489,7 +489,7 @@ def judge(result: LabResult) -> list[Claim]:
     napkin = float(ph["tokens"]) * (float(dec["bytes"]) / bw / 1e6) / float(pre["roof_ms"])
     claims.append(Claim("prefill_decode.prefill_tokens_per_s_ratio",
                         f"prefill makes far more tokens/s than decode (T={int(ph['tokens'])})",
-                        f"~{napkin:.0f}x (both on their roofs)",
+                        f"~{napkin:.0f}x (roofline)",
                         f"{ph['ratio']:.0f}x ({ph['prefill_tok_s']:.0f} vs {ph['decode_tok_s']:.1f} tok/s)",
                         ph["ratio"] >= 0.5 * napkin, note="under half the roofline's ratio: prefill runs far below its roof"))
 
@@ -517,15 +517,14 @@ def judge(result: LabResult) -> list[Claim]:
     if e2e is not None and len(e2e):
         w = e2e.loc[e2e["error"].abs().idxmax()]
         claims.append(Claim("prefill_decode.e2e_from_parts", "E2E = TTFT + (n - 1) x ITL, from the parts",
-                            f"within {E2E_TOL:.0%} of the timed whole",
-                            f"worst {w['error']:+.1%} (T={int(w['tokens'])}, n={int(w['new_tokens'])}, {len(e2e)} cases)",
+                            f"within {E2E_TOL:.0%}", f"worst {w['error']:+.1%} (T={int(w['tokens'])}, n={int(w['new_tokens'])})",
                             abs(w["error"]) <= E2E_TOL, note="parts and whole timed apart: a busy CPU moves them"))
 
     # 7. the FLOP formula against FlopCounterMode
     fc = T["flop_check"]
     w = fc.loc[(fc["ratio"] - 1).abs().idxmax()]
     claims.append(Claim("prefill_decode.flops_formula", "FLOPs from the shape = FlopCounterMode's count",
-                        f"within {FLOP_TOL:.0%}", f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']}, {len(fc)} checks)",
+                        f"within {FLOP_TOL:.0%}", f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
                         abs(w["ratio"] - 1) <= FLOP_TOL, note="the formula misses (or adds) an op the model runs"))
 
     # 8. disaggregation: moving the KV costs less than recomputing it; the interference it removes is not measured
@@ -533,8 +532,7 @@ def judge(result: LabResult) -> list[Claim]:
     if dis is not None and len(dis):
         w = dis.loc[dis["transfer_over_prefill"].idxmax()]
         claims.append(Claim("prefill_decode.kv_move_cheaper_than_prefill", "moving a request's KV costs less than its prefill",
-                            "< prefill time, every T and link",
-                            f"worst {w['transfer_over_prefill']:.1e} x prefill (T={int(w['tokens'])}, {w['link'].split(' (')[0]})",
+                            "< 1x", f"worst {w['transfer_over_prefill']:.1e}x prefill (T={int(w['tokens'])}, {w['link'].split()[0]})",
                             w["transfer_over_prefill"] < 1, note="this link is slower than recomputing the prompt"))
     return claims
 
@@ -564,9 +562,9 @@ def _decode_bound(T, model) -> str:
     r = fl[fl["model"] == model].iloc[0]
     top, share = decode_bound(r)
     cached = r["weights_MiB"] + r["kv_MiB"] <= r["llc_MiB"]
-    where = f"weights in the {r['llc_MiB']:.0f} MiB cache; " if cached else ""
-    return (f"{where}{top} bounds it ({share:.0%} of {r['measured_ms']:.1f} ms): overhead {r['overhead_ms']:.1f} ms, "
-            f"DRAM roof {r['memory_ms']:.1f} ms, compute {r['compute_ms']:.2f} ms")
+    where = f"weights in the {r['llc_MiB']:.0f} MiB cache: " if cached else ""
+    return (f"{where}{top} bounds it ({share:.0%} of {r['measured_ms']:.1f} ms; overhead {r['overhead_ms']:.1f}, "
+            f"DRAM {r['memory_ms']:.1f}, compute {r['compute_ms']:.2f} ms)")
 
 
 def measured_knee(cx: pd.DataFrame) -> tuple[float, bool]:
@@ -657,13 +655,44 @@ def _by_tokens(df: pd.DataFrame) -> pd.DataFrame:
 def headline(result: LabResult, claims: list[Claim]) -> str:
     """The ratio of the two phases, and what bounds decode here."""
     ph = _first_model(result.tables["phases"]).sort_values("tokens").iloc[-1]
-    text = (f"{ph['model']}: a prefill of {int(ph['tokens'])} tokens makes {ph['ratio']:.0f}x the tokens/s of decode "
+    text = (f"{ph['model']}: prefill (T={int(ph['tokens'])}) makes {ph['ratio']:.0f}x the tokens/s of decode "
             f"({ph['prefill_tok_s']:.0f} vs {ph['decode_tok_s']:.1f}).")
     fl = result.tables.get("decode_floor")
     if fl is not None and len(fl):
         r = fl.iloc[0]
         top, share = decode_bound(r)
         if top != "memory bandwidth":
-            text += (f" Decode is not memory-bound here: {top} ({share:.0%} of its {r['measured_ms']:.1f} ms) bounds it"
-                     + (", with the weights in cache." if r["weights_MiB"] + r["kv_MiB"] <= r["llc_MiB"] else "."))
+            text += (f" Decode is bound by {top} ({share:.0%} of its {r['measured_ms']:.1f} ms), not memory"
+                     + (": the weights sit in cache." if r["weights_MiB"] + r["kv_MiB"] <= r["llc_MiB"] else "."))
     return text
+
+
+def figures(result: LabResult) -> list[tuple[str, object]]:
+    """Extra matplotlib figures for the HTML report: TTFT and ITL vs T, and the decode batch crossover."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    ph = result.tables.get("phases")
+    if ph is not None and len(ph):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for model, g in ph.groupby("model", sort=False):
+            ax.plot(g["tokens"], g["prefill_ms"], "o-", label=f"{model} TTFT (prefill)")
+            ax.plot(g["tokens"], g["decode_ms"], "s--", label=f"{model} ITL (decode step)")
+        ax.set(xscale="log", yscale="log", xlabel="prompt length T (tokens)", ylabel="ms", title="TTFT grows with T, ITL barely")
+        ax.legend(fontsize=8)
+        out.append(("TTFT and ITL vs prompt length", fig))
+    cx = result.tables.get("crossover")
+    if cx is not None and len(cx):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(cx["batch"], cx["ms"], "o-", label="decode step (measured)")
+        ax.plot(cx["batch"], cx["roof_ms"], ":", label="roofline: max(FLOPs/peak, bytes/BW)")
+        b = float(cx["formula_crossover"].iloc[0])
+        if math.isfinite(b):
+            ax.axvline(b, color="grey", linestyle="--", label=f"formula crossover B ~{b:.0f}")
+        ax.set(xscale="log", yscale="log", xlabel="decode batch B", ylabel="ms per step", title="where decode turns compute-bound")
+        ax.legend(fontsize=8)
+        out.append(("decode batch crossover", fig))
+    return out
