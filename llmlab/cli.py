@@ -511,6 +511,49 @@ def five_steps(
             sizes=tuple(size) if size else None, size_layers=size_layers, prefill_tokens=prefill_tokens, top_p=top_p)
 
 
+def _ints(text: Optional[str], option: str) -> Optional[tuple[int, ...]]:
+    """'16,64,256' -> (16, 64, 256); None stays None (the Config's default); '' is an empty tuple (Config refuses it)."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give whole numbers separated by commas, e.g. 16,64,256") from None
+
+
+def _csv(values) -> str:
+    return ",".join(map(str, values))
+
+
+from llmlab.labs.prefill_decode import Config as _PD  # noqa: E402  (light: torch loads inside the lab)
+
+_PDD, _PDQ = _PD(), _PD.quick()
+
+
+@app.command("prefill-decode", rich_help_panel=LABS)
+def prefill_decode(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help=f"Models to time (repeatable); the first also gets parts 3-5. arch:NAME = random weights, timing only. Default: {', '.join(_PDD.models)} ({', '.join(_PDQ.models)} with --quick).", show_default=False)] = None,
+    prompt_lens: Annotated[Optional[str], typer.Option("--prompt-lens", help=f"Prompt lengths T, comma-separated; lengths beyond a model's context are clamped away with a note. Default {_csv(_PDD.prompt_lens)} ({_csv(_PDQ.prompt_lens)} with --quick).", show_default=False)] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help=f"Decode batch sizes of the crossover sweep. Default {_csv(_PDD.batch_sizes)} ({_csv(_PDQ.batch_sizes)} with --quick).", show_default=False)] = None,
+    output_lens: Annotated[Optional[str], typer.Option("--output-lens", help=f"Reply lengths n for E2E = TTFT + (n - 1) ITL. Default {_csv(_PDD.output_lens)} ({_csv(_PDQ.output_lens)} with --quick).", show_default=False)] = None,
+    link_gbps: Annotated[Optional[float], typer.Option("--link-GBps", help="Link bandwidth (GB/s, one direction) that moves the KV in part 5. Default: the spec values of PCIe 4.0 x16 (32) and NVLink 4 (450).", show_default=False)] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help=f"auto (float32 on a CPU, bfloat16 on a GPU) | float32 | bfloat16 | float16. Default {_PDD.dtype}.", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads for roofs and model alike. Default: torch's, or 1 when the CPU is oversubscribed.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """One request, two personalities: prefill (reading the prompt, math-bound) vs decode (writing the reply, fetching data).
+
+    A prefill pushes all T prompt tokens through each weight at once; a decode step pushes one token through every weight. This lab times both on your device (tokens/s and the ratio), counts their FLOPs and bytes from the model's shape (checked against torch's FlopCounterMode) and places them on the roofline measured with the roofline lab's kernels, finds the decode batch at which decode turns compute-bound, predicts E2E = TTFT + (n - 1) x ITL from the parts and times the whole, and prices disaggregated serving: the KV bytes a request moves from a prefill device to a decode device over PCIe or NVLink. On a CPU it also says what really bounds decode when the model sits in cache.
+    """
+    if link_gbps is not None and link_gbps <= 0:
+        raise UsageError(f"--link-GBps {link_gbps}: give a positive bandwidth in GB/s")
+    run_lab("prefill-decode", Common(device, gpu, quick, json_, out, no_save, seed, tables),
+            models=tuple(model) if model else None, prompt_lens=_ints(prompt_lens, "--prompt-lens"),
+            batch_sizes=_ints(batch_sizes, "--batch-sizes"), output_lens=_ints(output_lens, "--output-lens"),
+            link_GBps=link_gbps, dtype=dtype, threads=threads)
+
+
 # ---------------------------------------------------------------- entry point
 
 
