@@ -23,9 +23,14 @@ END = "<!-- claims:end -->"
 _VERDICT = {True: "holds", False: "does not hold", None: "not measured"}
 
 
-def newest_runs(results_dir: Path | str = "results") -> list[Run]:
-    """The newest saved run of each lab (by its UTC stamp), labs in the order of the articles."""
-    runs, _ = load_runs(results_dir)
+def newest_runs(results_dir: Path | str = "results", skipped: list | None = None) -> list[Run]:
+    """The newest saved run of each lab (by its UTC stamp), labs in the order of the articles.
+
+    Files that cannot be read as a known lab's result are appended to `skipped` as (path, why).
+    """
+    runs, why = load_runs(results_dir)
+    if skipped is not None:
+        skipped.extend(why)
     newest: dict[str, Run] = {}
     for r in sorted(runs, key=lambda r: (r.stamp, r.path.name)):
         newest[r.lab] = r
@@ -37,10 +42,10 @@ def _md(s: object) -> str:
     return " ".join(str(s).split()).replace("|", "\\|")
 
 
-def claims_table(results_dir: Path | str = "results") -> str:
+def claims_table(results_dir: Path | str = "results", skipped: list | None = None) -> str:
     """The markdown table: lab, claim id, claim, expected, measured, verdict."""
     lines = ["| lab | claim id | claim | expected | measured | verdict |", "| --- | --- | --- | --- | --- | --- |"]
-    for run in newest_runs(results_dir):
+    for run in newest_runs(results_dir, skipped):
         for c in run.claims:
             cid = getattr(c, "id", "")
             lines.append(
@@ -71,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.results.is_dir():
         print(f"error: {args.results} is not a folder", file=sys.stderr)
         return 2
-    table = claims_table(args.results)
+    skipped: list = []
+    table = claims_table(args.results, skipped)
+    for path, why in skipped:  # a lab whose file is skipped is missing from the table: say so
+        print(f"warning: skipped {path}: {why}", file=sys.stderr)
     if not args.write:
         sys.stdout.write(table)
         return 0
