@@ -198,7 +198,24 @@ def _pyplot():
     return plt
 
 
+STYLE = {  # one look for the report's charts and the labs' figures(): no box, a light grid, small legends
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+}
+
+
 def figure_png(fig) -> bytes:
+    """The figure as PNG bytes; log axes left on matplotlib's default 3x10^1 labels get plain ones."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    for ax in fig.axes:
+        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+            if scale == "log" and type(axis.get_major_formatter()) is LogFormatterSciNotation:
+                _plain_log_ticks(axis)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", facecolor="white")
     _pyplot().close(fig)
@@ -323,7 +340,8 @@ def chart_html(result: LabResult, chart: Any, headers: dict[str, str] | None = N
     if df is None or df.empty:
         return f'<p class="muted">(chart “{_e(chart.title)}”: table {_e(chart.table)} is empty or missing)</p>'
     try:
-        return img(figure_png(chart_figure(df, chart, headers, title)), chart.title)
+        with _pyplot().rc_context(STYLE):
+            return img(figure_png(chart_figure(df, chart, headers, title)), chart.title)
     except Exception as exc:  # a chart that cannot be drawn is reported, the page goes on
         _pyplot().close("all")
         return f'<p class="warn">chart “{_e(chart.title)}” could not be drawn: {_e(type(exc).__name__)}: {_e(_short(exc))}</p>'
@@ -361,7 +379,8 @@ def run_parts(run: Run) -> list[tuple[str, str, str, str]]:
     figs = getattr(mod, "figures", None)
     if figs is not None:
         try:
-            imgs = [img(figure_png(f), t) + f'<div class="cap">{_e(t)}</div>' for t, f in figs(res)]
+            with _pyplot().rc_context(STYLE):
+                imgs = [img(figure_png(f), t) + f'<div class="cap">{_e(t)}</div>' for t, f in figs(res)]
         except Exception as exc:
             _pyplot().close("all")
             imgs = [f'<p class="warn">figures() failed on this run ({_e(type(exc).__name__)}: {_e(_short(exc))})</p>']
