@@ -28,7 +28,7 @@ MODULE = "llmlab.labs.report_fixture"
 REPO = Path(__file__).resolve().parents[1]
 
 GPU_CARD = {"device": "cuda:0", "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sm_count": 132,
-            "memory_bytes": 85_000_000_000, "driver": "555.42", "cuda_runtime": "12.4", "power_limit_w": 700.0,
+            "memory_bytes": 85_000_000_000, "l2_bytes": 52_428_800, "power_limit_w": None, "driver": "555.42", "cuda_runtime": "12.4",
             "cpu": {"model": "Intel Xeon", "physical": 32, "logical": 64, "isa": {"avx2": True}}, "versions": {"torch": "2.13.0"}}
 CPU_CARD = {"device": "cpu", "name": "AMD EPYC", "cpu": {"model": "AMD EPYC", "physical": 2, "logical": 2,
             "isa": {"avx2": True, "avx512f": True, "amx_bf16": False}, "caches_bytes": {"L2": 2**20, "L3": 32 * 2**20},
@@ -148,7 +148,8 @@ def test_report_puts_both_machines_side_by_side_with_views_verdicts_and_plots(re
     assert "repeat(2, minmax" in section
     assert section.index("NVIDIA H100 80GB HBM3") < section.index("AMD EPYC")
     # the device cards in the header
-    assert "compute capability" in page and "avx512f" in page and "amx_bf16" not in page
+    assert "compute capability" in page and "50 MiB" in page and "power limit" not in page  # None: not shown
+    assert "avx512f" in page and "amx_bf16" not in page
     # each view's title, question and human headers, cells formatted by the Col
     for text in ("1. Batch sweep", "How do time and throughput grow with the batch?", "ms / token", "x batch 1", "% of peak", "queue ms"):
         assert text in section

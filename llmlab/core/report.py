@@ -452,6 +452,8 @@ def device_card_html(card: dict, n_runs: int) -> str:
             ("SMs", str(card.get("sm_count", "?"))),
             ("memory", f"{gib / 2**30:.1f} GiB" if isinstance(gib, (int, float)) else "?"),
         ]
+        if card.get("l2_bytes"):
+            rows.append(("L2", _bytes(card["l2_bytes"])))
         if card.get("max_sm_clock_mhz"):
             rows.append(("max SM / memory clock", f'{card["max_sm_clock_mhz"]} / {card.get("max_mem_clock_mhz", "?")} MHz'))
         if card.get("power_limit_w"):
