@@ -175,9 +175,10 @@ class Engine:
         if not sched:
             return None
         batch = self.build_batch(sched)
+        t_fwd = now_ns()
         for s in sched:
             if not s.seq.first_chunk_ns:
-                s.seq.first_chunk_ns = t0
+                s.seq.first_chunk_ns = t_fwd
         logits = self.runner.forward(batch)  # (M, V)
         sampled = [s for s in sched if s.samples]
         if self.record_logits:
