@@ -281,6 +281,23 @@ def show(
     render(result, out, views=views, headline=headline, tables=tables, saved=path)
 
 
+@app.command("serve", rich_help_panel=TOOLS)
+def serve_(
+    model: ModelOpt = "tiny",
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
+    device: DeviceOpt = "auto",
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences in one step's batch.")] = 64,
+    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1, help="KV cache pool, in blocks of 16 tokens.")] = 1024,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one step (longer prompts are chunked).")] = 512,
+    no_prefix_cache: Annotated[bool, typer.Option("--no-prefix-cache", help="Switch the prefix cache off.")] = False,
+) -> None:
+    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics) over llmlab's paged, continuously batching engine."""
+    from llmlab.serving.server import serve
+
+    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens, log=err.print)
+
+
 tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
 app.add_typer(tiny_app, name="tiny", rich_help_panel=TOOLS)
 
