@@ -106,7 +106,12 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         "telemetry": tel.summary(),
         **result.env,
     }
-    result.claims, views, headline = judged(result, module)
+    try:
+        result.claims, views, headline = judged(result, module)
+    except Exception:  # a judge bug must not lose the measurement: save it unjudged, then fail loudly
+        if not common.no_save:
+            err.print(f"[yellow]judge failed: saved the unjudged result as {result.save(common.out, device.slug())}[/]")
+        raise
     result.judge_version = getattr(module, "JUDGE_VERSION", 0)
     path = None if common.no_save else result.save(common.out, device.slug())  # saved first: nothing lost if rendering fails
     if common.json:
@@ -274,6 +279,23 @@ def show(
         sys.stdout.write(result.to_json() + "\n")
         return
     render(result, out, views=views, headline=headline, tables=tables, saved=path)
+
+
+@app.command("serve", rich_help_panel=TOOLS)
+def serve_(
+    model: ModelOpt = "tiny",
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
+    device: DeviceOpt = "auto",
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences in one step's batch.")] = 64,
+    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1, help="KV cache pool, in blocks of 16 tokens.")] = 1024,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one step (longer prompts are chunked).")] = 512,
+    no_prefix_cache: Annotated[bool, typer.Option("--no-prefix-cache", help="Switch the prefix cache off.")] = False,
+) -> None:
+    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics) over llmlab's paged, continuously batching engine."""
+    from llmlab.serving.server import serve
+
+    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens, log=err.print)
 
 
 tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
@@ -463,6 +485,47 @@ def speculative(
     """
     run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, draft=draft, gamma=gamma,
             temperature=temperature)
+
+
+@app.command("train-vs-infer", rich_help_panel=LABS)
+def train_vs_infer(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Models to measure (repeatable): tiny | arch:NAME (cut to --arch-layers, random weights) | a Hugging Face id. Default: tiny and arch:qwen2.5-0.5b (tiny only with --quick).", show_default=False)] = None,
+    batch: Annotated[Optional[int], typer.Option(help="Sequences per step (>= 1).", show_default=False)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence (>= 8).", show_default=False)] = None,
+    gen_tokens: Annotated[Optional[int], typer.Option("--gen-tokens", help="Tokens of conversation generated before checking that nothing changed (>= 16).", show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="AdamW learning rate of the one training step on that conversation (> 0).", show_default=False)] = None,
+    arch_layers: Annotated[Optional[int], typer.Option("--arch-layers", help="Layers kept of an arch: model (>= 1).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (0 = torch's default).", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Training does two things, inference one: a forward vs forward + backward + AdamW, their FLOPs and bytes, and why inference does not learn.
+
+    Training runs a forward pass, then a backward pass (about twice the forward's FLOPs) and a weight update, and keeps gradients and Adam's two moments: 16 bytes per parameter before activations, against 2-4 for inference weights. It sees every position of a sequence at once (teacher forcing), while generation produces one token per forward. This lab times and counts (FlopCounterMode) the three regimes on the same batch, counts their bytes tensor by tensor (weights, grads, optimizer state, saved activations, KV cache), scales Llama 3 8B onto one 80 GB GPU by formula, races one forward over T tokens against T decode steps, and checks that generating 1,000 tokens leaves the weights' hash, .grad and the next answer unchanged, while one AdamW step on that conversation changes them.
+    """
+    run_lab("train-vs-infer", Common(device, gpu, quick, json_, out, no_save, seed, tables),
+            models=tuple(model) if model else None, batch=batch, seq_len=seq_len, gen_tokens=gen_tokens, lr=lr,
+            arch_layers=arch_layers, threads=threads)
+
+
+@app.command("five-steps", rich_help_panel=LABS)
+def five_steps(
+    model: ModelOpt = "tiny",
+    prompt: Annotated[Optional[str], typer.Option(help="The text whose next word is followed through the model.", show_default=False)] = None,
+    big: Annotated[Optional[str], typer.Option("--big", help="A larger arch: model walked on the meta device (shapes only). Default arch:llama-3-8b.", show_default=False)] = None,
+    size: Annotated[Optional[list[str]], typer.Option("--size", help="arch: models for the breakdown vs size (repeatable; timed on --size-layers layers, scaled). Default qwen2.5-0.5b and llama-3.2-1b; none with --quick.", show_default=False)] = None,
+    size_layers: Annotated[Optional[int], typer.Option("--size-layers", help="Layers of each --size model actually run (>= 1).", show_default=False)] = None,
+    prefill_tokens: Annotated[Optional[int], typer.Option("--prefill-tokens", help="Tokens of the timed prefill (>= 2).", show_default=False)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="p of step 5 under top-p, in (0, 1].", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Watch a model produce one word: tokenize and embed, attention, MLP (once per layer), LM head, sample; shapes, candidates and where the time goes.
+
+    The lab calls the model's own submodules in order by hand and records the real tensor shape after each step (on tiny, and on Llama 3 8B's full shape on the meta device), shows the top-5 words after the LM head and what greedy and top-p pick, checks the hand run gives the forward's logits (no secret sixth step), and stamps each step with forward hooks during a decode step and a prefill: time, FLOPs (shape formula vs FlopCounterMode) and weight bytes per step, and how the split moves with model size.
+    """
+    run_lab("five-steps", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, prompt=prompt, big=big,
+            sizes=tuple(size) if size else None, size_layers=size_layers, prefill_tokens=prefill_tokens, top_p=top_p)
 
 
 def _ints(text: Optional[str], option: str) -> Optional[tuple[int, ...]]:
