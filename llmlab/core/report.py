@@ -38,7 +38,7 @@ from llmlab.core.results import LabResult
 
 # The labs in the order of the articles (a lab not listed here follows, alphabetically).
 ORDER = ("train-vs-infer", "five-steps", "prefill-decode", "gpu-parallelism", "roofline", "kvcache-growth", "samplers",
-         "ttft-breakdown", "speculative")
+         "ttft-breakdown", "speculative", "serving")
 RAW_MAX_ROWS = 12  # a raw table (lab without views) is cut here: the CSV keeps every row
 MAX_OLDER = 6  # older runs of one machine rendered in full; beyond that only listed
 _VERDICT = {True: ("holds", "ok"), False: ("does not hold", "bad"), None: ("not measured", "na")}
