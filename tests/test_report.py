@@ -57,6 +57,8 @@ def _views(result: LabResult) -> list[View]:
         View("2. Where the time goes", "Which phase dominates each scenario?", "phases",
              (Col("scenario", "scenario", "text"), Col("queue_ms", "queue ms"), Col("prefill_ms", "prefill ms")),
              chart=Chart("phases per scenario", "phases", "scenario", ["queue_ms", "prefill_ms"], kind="stacked")),
+        View("3. Tensor cores", "How much faster is BF16 on tensor cores?", "tensor_cores",
+             (Col("dtype", "dtype", "text"), Col("tflops", "TFLOP/s"))),
     ]
 
 
@@ -104,7 +106,10 @@ def make_run(card: dict, stamp: str, scale: float, judge_version: int = 2) -> La
     res.notes.append("fixture run: numbers made up for the report test")
     res.claims = _judge(res)
     res.judge_version = judge_version
-    res.skipped = {"tensor_cores": "no GPU"} if card["device"] == "cpu" else {}
+    if card["device"] == "cpu":
+        res.skipped = {"tensor_cores": "no GPU"}
+    else:
+        res.add_table("tensor_cores", [{"dtype": "bf16", "tflops": 700.0}, {"dtype": "fp32", "tflops": 60.0}])
     return res
 
 
@@ -159,6 +164,9 @@ def test_report_puts_both_machines_side_by_side_with_views_verdicts_and_plots(re
     assert section.count('pill ok">holds') == 1 and section.count('pill bad">does not hold') == 1
     assert section.count('pill na">not measured') == 2
     assert "best decode: 10667 tokens/s" in section and "too slow here" in section
+    # a part only one machine measured: the table on the GPU side, the reason on the CPU side
+    tc = section[section.index("3. Tensor cores"):]
+    assert tc.index("TFLOP/s") < tc.index("not measured: no GPU")
     # 2 view charts per run + 1 figure per run, each a real PNG
     pngs = _pngs(page)
     assert len(pngs) == 6
@@ -207,6 +215,17 @@ def test_a_lab_without_views_shows_its_raw_tables(tmp_path, fixture_lab, monkeyp
     assert "<h4>sweep</h4>" in page and "<h4>phases</h4>" in page
     assert "<th class=\"num\">ms_per_token</th>" in page and "more rows in the CSV" not in page  # 10 rows, all shown
     assert len(_pngs(page)) == 2  # only the figures() ones
+
+
+def test_older_runs_of_a_machine_are_folded_below_the_newest(tmp_path, fixture_lab, monkeypatch):
+    monkeypatch.delattr(fixture_lab, "views")  # raw tables only: nothing to draw, the layout is what is tested
+    monkeypatch.delattr(fixture_lab, "figures")
+    make_results(tmp_path)
+    (tmp_path / LAB / "20261130T000000Z-cpu.json").write_text(make_run(CPU_CARD, "20261130T000000Z", 0.5).to_json())
+    page = write_report(tmp_path)[0].read_text()
+    top, folded = page.split("<details>")
+    assert "repeat(2, minmax" in top and "20261202T100000Z-cpu.json" in top and "20261130T000000Z-cpu.json" not in top
+    assert folded.startswith("<summary>1 older run of this lab</summary>") and "20261130T000000Z-cpu.json" in folded
 
 
 def test_cell_formats_follow_the_col_fmt():
