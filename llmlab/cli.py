@@ -287,7 +287,7 @@ def report(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The HTML file (default <dir>/report.html).", show_default=False)] = None,
 ) -> None:
     """One self-contained HTML page of every saved run: device cards, verdicts, tables, plots."""
-    from llmlab.core.report import write_report
+    from llmlab.report import write_report
 
     if not results_dir.is_dir():
         raise UsageError(f"{results_dir}: not a folder of results (run a lab first, e.g. llmlab roofline --quick)")

@@ -1,7 +1,7 @@
 """The README's "What it measured here" table, generated from the saved runs so it cannot drift.
 
-    python -m llmlab.core.readme            # print the table (newest run of each lab under results/)
-    python -m llmlab.core.readme --write    # rewrite the block between the markers in README.md
+    python -m llmlab.readme            # print the table (newest run of each lab under results/)
+    python -m llmlab.readme --write    # rewrite the block between the markers in README.md
 
 The block sits between `<!-- claims:begin -->` and `<!-- claims:end -->`. Each row is one claim
 of the newest saved run of each lab (labs in the order of the articles), re-judged with the
@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from llmlab.core.report import Run, _lab_key, load_runs
+from llmlab.report import Run, _lab_key, load_runs
 
 BEGIN = "<!-- claims:begin -->"
 END = "<!-- claims:end -->"
@@ -68,7 +68,7 @@ def rewrite(text: str, table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmlab.core.readme", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m llmlab.readme", description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=Path("results"), help="folder of saved runs (default results/)")
     ap.add_argument("--readme", type=Path, default=Path("README.md"), help="the README to rewrite with --write")
     ap.add_argument("--write", action="store_true", help="rewrite the block between the markers in the README")
