@@ -163,6 +163,41 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
+def tf32_knobs() -> dict[str, tuple[object, str, object, object]]:
+    """name -> (object, attribute, TF32 on, TF32 off) for CUDA matmuls ("matmul") and cuDNN convs ("conv").
+
+    torch >= 2.9 has the per-backend `fp32_precision` API and refuses to mix it with the legacy one,
+    so the new API is used where it exists and only `allow_tf32` where it does not (torch 2.4-2.8).
+    """
+    import torch
+
+    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(m, "fp32_precision") and hasattr(c, "conv") and hasattr(c.conv, "fp32_precision"):
+        return {"matmul": (m, "fp32_precision", "tf32", "ieee"), "conv": (c.conv, "fp32_precision", "tf32", "ieee")}
+    return {"matmul": (m, "allow_tf32", True, False), "conv": (c, "allow_tf32", True, False)}
+
+
+def set_tf32(matmul: bool | None = None, conv: bool | None = None) -> None:
+    """Allow (True) or forbid (False) TF32 tensor cores for FP32 CUDA matmuls / cuDNN convs; None leaves it."""
+    knobs = tf32_knobs()
+    for name, want in (("matmul", matmul), ("conv", conv)):
+        if want is not None:
+            obj, attr, on, off = knobs[name]
+            setattr(obj, attr, on if want else off)
+
+
+@contextmanager
+def tf32(matmul: bool | None = None, conv: bool | None = None) -> Iterator[None]:
+    """`set_tf32` for the block; the previous TF32 settings come back after, on every allowed torch."""
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _, _ in tf32_knobs().values()]
+    set_tf32(matmul, conv)
+    try:
+        yield
+    finally:
+        for obj, attr, old in saved:
+            setattr(obj, attr, old)
+
+
 def cpu_load() -> tuple[float | None, int]:
     """(1-minute load average or None where the OS has none, usable logical CPUs).
 

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from llmlab.core.device import Device, cpu_caches, cpu_load, last_level_cache_bytes, torch_threads
+from llmlab.core.device import Device, cpu_caches, cpu_load, last_level_cache_bytes, tf32, torch_threads
 from llmlab.core.errors import UsageError
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
@@ -130,16 +130,9 @@ def _torch_dtype(spec: str) -> torch.dtype:
     return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
 
 
-@contextmanager
 def _tf32(enabled: bool):
-    """TF32 tensor-core matmuls on for the tf32 rows only (IEEE FP32 otherwise)."""
-    m = torch.backends.cuda.matmul
-    old = m.fp32_precision
-    m.fp32_precision = "tf32" if enabled else "ieee"
-    try:
-        yield
-    finally:
-        m.fp32_precision = old
+    """TF32 tensor-core matmuls on for the tf32 rows only (IEEE FP32 otherwise), on every allowed torch."""
+    return tf32(matmul=enabled)
 
 
 def _time(fn, device: Device, repeats: int, min_run_s: float) -> Stats:
