@@ -22,11 +22,17 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(HAVE_GPU),1)
-	$(BIN)/python -m pip install -q torch
+	@# a CPU torch left in an existing .venv (torch.version.cuda is None) is replaced by a CUDA build
+	$(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is None)" 2>/dev/null \
+	  || { $(BIN)/python -m pip uninstall -q -y torch 2>/dev/null; $(BIN)/python -m pip install -q torch; }
 else
 	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH_CPU)
 endif
 	$(BIN)/python -m pip install -q -e ".[dev]"
+ifeq ($(HAVE_GPU),1)
+	@# nvidia-smi sees a GPU: can torch? If not (CPU build, or a wheel for a newer CUDA than the driver), one line with the pip fix
+	@$(BIN)/python -m llmlab.core.gpucheck --install-check
+endif
 	touch $@
 
 test: install
@@ -54,13 +60,12 @@ browser:
 $(addprefix lab-,$(LABS)): lab-%: install  # static pattern: make skips implicit rules for .PHONY targets
 	HF_HUB_OFFLINE=1 $(LLMLAB) $* --out $(OUT)
 
-# The one command to run on a GPU machine: every lab in --quick mode on cuda.
+# The one command to run on a GPU machine: every lab in --quick mode on cuda, each in its own process
+# (a crash does not stop the rest; its traceback is saved under $(OUT)/gpu-check/), ending in one
+# summary of labs run and claims held / not held / not measured ($(OUT)/gpu-check/summary.txt).
+GPU_CHECK_DEVICE ?= cuda
 gpu-check: install
-	@for lab in $(LABS); do \
-	  if $(LLMLAB) $$lab --help >/dev/null 2>&1; then \
-	    echo "== llmlab $$lab --device cuda --quick"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --device cuda --quick --out $(OUT) || exit $$?; \
-	  fi; \
-	done
+	HF_HUB_OFFLINE=1 $(BIN)/python -m llmlab.core.gpucheck --device $(GPU_CHECK_DEVICE) --out $(OUT)
 
 bench-roofline bench-samplers bench-speculative: bench-%: install  # static pattern (see lab-%)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)
