@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from llmlab.core.device import Device, cpu_caches, cpu_load, last_level_cache_bytes, tf32, torch_threads
+from llmlab.core.device import Device, cpu_caches, cpu_load, last_level_cache_bytes, torch_threads
 from llmlab.core.errors import UsageError
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
