@@ -119,3 +119,157 @@ def test_gpu_n_autorange_syncs_the_right_device(cuda, monkeypatch):
     st = timing.autorange(lambda: None, Device("cuda:2"))
     assert st.n == 2
     assert {d for kind, d in cuda.log if kind == "sync"} == {2}
+
+
+# ---------------------------------------------------------------- items 13-14: NVML by UUID, one field at a time
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_pynvml(boards: list[dict], refuse: set[str] = frozenset()):
+    """A pynvml stand-in over physical boards [{uuid, bus, sm}]: handles are board numbers; `refuse` names
+    the calls that raise 'Not Supported' (as power readings do on MIG and on some boards)."""
+    import types
+
+    m = types.ModuleType("pynvml")
+    m.NVMLError = NVMLError
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 0, 1, 0
+
+    def call(name, fn):
+        def wrapped(*a):
+            if name in refuse:
+                raise NVMLError("Not Supported")
+            return fn(*a)
+        setattr(m, name, wrapped)
+
+    def by(key, value):
+        for i, b in enumerate(boards):
+            if b[key] == value:
+                return i
+        raise NVMLError("Not Found")
+
+    call("nvmlInit", lambda: None)
+    call("nvmlDeviceGetHandleByIndex", lambda i: i)
+    call("nvmlDeviceGetHandleByUUID", lambda u: by("uuid", u))
+    call("nvmlDeviceGetHandleByPciBusId_v2", lambda p: by("bus", p))
+    call("nvmlSystemGetDriverVersion", lambda: b"570.1")
+    call("nvmlSystemGetCudaDriverVersion_v2", lambda: 12080)
+    call("nvmlDeviceGetMaxClockInfo", lambda h, k: boards[h]["sm"] + 1000 if k == 0 else 2619)
+    call("nvmlDeviceGetEnforcedPowerLimit", lambda h: 700_000)
+    call("nvmlDeviceGetClockInfo", lambda h, k: boards[h]["sm"] if k == 0 else 2619)
+    call("nvmlDeviceGetPowerUsage", lambda h: 300_000)
+    call("nvmlDeviceGetTemperature", lambda h, k: 40 + h)
+    call("nvmlDeviceGetUtilizationRates", lambda h: type("U", (), {"gpu": 99, "memory": 50})())
+    call("nvmlDeviceGetMemoryInfo", lambda h: type("M", (), {"used": 10 * 2**30})())
+    call("nvmlDeviceGetCurrentClocksEventReasons", lambda h: 0x4)
+    return m
+
+
+BOARDS = [dict(uuid=f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-000000000000", bus=f"00000000:{0x10 + i:02X}:00.0", sm=1000 + 100 * i)
+          for i in range(4)]
+
+
+def visible_as_cuda0(monkeypatch, board: int, uuid: bool = True, pci: bool = True):
+    """torch sees only physical board `board`, as cuda:0 (CUDA_VISIBLE_DEVICES=board)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(board))
+    props = {"name": "NVIDIA H200"}
+    if uuid:
+        props["uuid"] = BOARDS[board]["uuid"].removeprefix("GPU-")  # torch prints the UUID bare
+    if pci:
+        props.update(pci_domain_id=0, pci_bus_id=0x10 + board, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), props)())
+
+
+def test_nvml_handle_found_by_uuid_not_by_index(monkeypatch):
+    from llmlab.core.device import _nvml_card
+
+    visible_as_cuda0(monkeypatch, 3)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_pynvml(BOARDS))
+    card = _nvml_card(0)
+    assert card["max_sm_clock_mhz"] == 2300  # board 3's, not board 0's 2000
+    assert card["nvml"].startswith("handle by uuid GPU-3333")
+
+
+def test_nvml_handle_falls_back_to_pci_bus_id(monkeypatch):
+    from llmlab.core.device import nvml_handle
+
+    visible_as_cuda0(monkeypatch, 2, uuid=False)
+    h, how = nvml_handle(fake_pynvml(BOARDS), 0)
+    assert h == 2 and how == "pci 00000000:12:00.0"
+    visible_as_cuda0(monkeypatch, 2, uuid=False, pci=False)
+    with pytest.raises(LookupError, match="uuid: torch does not report it"):  # never silently board 0
+        nvml_handle(fake_pynvml(BOARDS), 0)
+
+
+def test_telemetry_reads_the_visible_board_and_keeps_samples_without_power(monkeypatch):
+    import time
+
+    from llmlab.core.telemetry import Telemetry
+
+    visible_as_cuda0(monkeypatch, 3)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_pynvml(BOARDS, refuse={"nvmlDeviceGetPowerUsage"}))
+    with Telemetry(Device("cuda:0"), interval_s=0.002) as tel:
+        time.sleep(0.05)
+    s = tel.summary()
+    assert s["source"] == "nvml" and s["n_samples"] >= 1  # one refused field no longer drops the sample
+    assert s["sm_clock_mhz"]["median"] == 1300 and s["temp_c"]["max"] == 43  # board 3
+    assert s["power_w"] is None and s["unsupported"] == {"power_w": "Not Supported"}
+    assert s["throttle_reasons"] == ["sw_power_cap"]
+
+
+def test_device_card_nvml_fields_are_read_one_by_one(monkeypatch):
+    from llmlab.core.device import _nvml_card
+
+    visible_as_cuda0(monkeypatch, 1)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml",
+                        fake_pynvml(BOARDS, refuse={"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetMaxClockInfo"}))
+    card = _nvml_card(0)
+    assert card["driver"] == "570.1" and card["cuda_driver"] == 12080  # what NVML does answer is kept
+    assert card["power_limit_w"] is None and card["max_sm_clock_mhz"] is None
+    assert card["nvml_unsupported"] == {"power_limit_w": "Not Supported", "max_sm_clock_mhz": "Not Supported",
+                                        "max_mem_clock_mhz": "Not Supported"}
+
+
+# ---------------------------------------------------------------- item 16: one TF32 helper for every allowed torch
+
+
+def _old_torch_backends(monkeypatch):
+    """torch 2.4-2.8: no `fp32_precision`, only the `allow_tf32` flags."""
+    import types
+
+    matmul, cudnn = types.SimpleNamespace(allow_tf32=False), types.SimpleNamespace(allow_tf32=False)
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    return matmul, cudnn
+
+
+def test_tf32_helper_uses_allow_tf32_on_torch_before_2_9(monkeypatch):
+    from llmlab.core.device import set_tf32, tf32
+    from llmlab.labs import roofline
+
+    matmul, cudnn = _old_torch_backends(monkeypatch)
+    set_tf32(matmul=True, conv=True)
+    assert matmul.allow_tf32 is True and cudnn.allow_tf32 is True
+    set_tf32(matmul=False)
+    with tf32(matmul=True):
+        assert matmul.allow_tf32 is True
+    assert matmul.allow_tf32 is False and cudnn.allow_tf32 is True  # restored; conv untouched
+    with roofline._tf32(True):  # the roofline lab's tf32 rows on an old torch (was an AttributeError)
+        assert matmul.allow_tf32 is True
+    assert matmul.allow_tf32 is False
+
+
+def test_tf32_helper_uses_fp32_precision_on_torch_2_9_and_later():
+    from llmlab.core.device import tf32, tf32_knobs
+    from llmlab.labs import gpu_parallelism as gp
+
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no fp32_precision API")
+    m = torch.backends.cuda.matmul
+    before = m.fp32_precision
+    with tf32(matmul=True, conv=False):
+        assert m.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert m.fp32_precision == before
+    assert gp._tf32_knobs is tf32_knobs  # the lab's old name is the core helper
