@@ -521,6 +521,9 @@ def test_hf_assisted_matches_plain_greedy(tiny_pair):
     eos = (ref[0] == target.config.eos_token_id).nonzero()
     k = int(eos[0]) if len(eos) else 24  # HF's min_new_tokens suppresses EOS: compare up to it
     assert torch.equal(hf[:, :k], ref[:, :k])
+    for kw in (dict(gamma=None, schedule=None, confidence=None), dict(gamma=2, schedule="heuristic", confidence=0.0)):
+        hf = S.hf_assisted_generate(target, draft, ids, 24, **kw)  # HF's own dynamic settings (the benchmark's peer)
+        assert torch.equal(hf[:, :k], ref[:, :k]) and draft.generation_config.to_dict() == before, kw
 
 
 # ---------------------------------------------------------------- edge cases in the loop

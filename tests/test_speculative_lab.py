@@ -189,3 +189,14 @@ def test_config_validation():
     q = lab.Config.quick()
     assert q.new_tokens * q.prompts >= 96 and q.repeats >= 3  # the demo's measurement: enough tokens and rounds
     assert lab.Config(temperature=0.7).params().temperature == 0.7
+
+
+def test_bench_gives_each_side_its_own_best_gamma():
+    """Issue 12 item 10: the peer is not handed our best gamma; each side is compared at its own best."""
+    from benchmarks import speculative as bench
+
+    ratios = {"ours": {1: 1.0, 3: 1.25, 6: 1.1}, "HF": {1: 0.7, 3: 0.8, 6: 0.95}}
+    assert bench.best_gammas(ratios) == {"ours": 3, "HF": 6}
+    assert any(kw["schedule"] is None and kw["gamma"] is None for kw in bench.DYNAMIC.values())  # HF's own defaults
+    assert any(kw["schedule"] == "heuristic" for kw in bench.DYNAMIC.values())
+    assert bench.median_ratio({"a": [2.0, 2.0, 4.0], "b": [1.0, 1.0, 1.0]}, "a", "b") == 2.0

@@ -782,18 +782,25 @@ def exact_law(model, prompt: torch.Tensor, length: int, params: SamplingParams) 
 # ---------------------------------------------------------------- the HF peer
 
 
-def hf_assisted_generate(target, draft, input_ids: torch.Tensor, max_new_tokens: int, gamma: int, **kw) -> torch.Tensor:
-    """HF assisted generation with the same draft, a constant gamma, and the confidence stop off.
+def hf_assisted_generate(target, draft, input_ids: torch.Tensor, max_new_tokens: int, gamma: int | None,
+                         schedule: str | None = "constant", confidence: float | None = 0.0, **kw) -> torch.Tensor:
+    """HF assisted generation with the same draft.
 
-    HF reads these from the assistant's generation_config (`num_assistant_tokens`,
-    `num_assistant_tokens_schedule`, `assistant_confidence_threshold`: 0 turns the stop off);
-    they are restored afterwards. Batch size 1 only (an HF limit).
+    By default a constant gamma with the confidence stop off, as our chain loop drafts. `gamma`,
+    `schedule` ("constant" | "heuristic" | "heuristic_transient") or `confidence` None keep HF's own
+    default for that setting (transformers 5: 20 tokens, "constant", an adaptive confidence stop
+    starting at 0.4). HF reads these from the assistant's generation_config and adapts some of them
+    in place across calls; they are restored afterwards, so every call starts from the same state.
+    Batch size 1 only (an HF limit).
     """
     from transformers.utils import logging as hf_logging
 
     gc = draft.generation_config
     saved = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold)
-    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
+    for name, value in (("num_assistant_tokens", gamma), ("num_assistant_tokens_schedule", schedule),
+                        ("assistant_confidence_threshold", confidence)):
+        if value is not None:
+            setattr(gc, name, value)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # HF warns that its min-length processor is given twice: expected here
     try:
