@@ -157,7 +157,7 @@ def test_time_blocks_uses_one_event_pair_per_block_of_calls(monkeypatch):
     stats, per_block = core_roofs.time_blocks(lambda: calls.append(1), Device("cuda:0"), blocks=4, min_block_s=0.01)
     assert per_block >= 10  # a call of ~us needs many calls to fill 10 ms
     assert len(_FakeEvent.log) == 2 * 4 and all(s is stream for s in _FakeEvent.log)  # 4 blocks, one pair each
-    assert len(calls) == 2 + 4 * per_block  # warm-up + probe + the blocks
+    assert len(calls) == 1 + 4 * per_block  # the warm-up (timed: the probe) + the blocks
     assert stats.n == 4 and stats.median_ms == pytest.approx(2.0 / per_block)  # per call, not per block
 
 

@@ -104,12 +104,11 @@ def time_blocks(fn: Callable[[], object], device: Device, *, blocks: int = 10, m
     gap between calls (launch, dispatch) is then part of the throughput, not of a sample's edge.
     Returns (Stats over blocks of the mean per-call time, calls per block).
     """
-    for _ in range(max(1, warmup_calls)):
+    for _ in range(max(1, warmup_calls)):  # the last warm-up call is the probe
+        device.synchronize()
+        t0 = time.perf_counter()
         fn()
-    device.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    device.synchronize()
+        device.synchronize()
     probe = max(time.perf_counter() - t0, 1e-7)
     calls = max(1, math.ceil(min_block_s / probe))
     samples = []
