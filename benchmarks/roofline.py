@@ -204,10 +204,10 @@ def _report(out: dict, res: dict, comp: dict, why: str, torch_version: str) -> N
         line = []
         for side, d in sides.items():
             if not d:
-                line.append(f"{side}: {why if side == 'C OpenMP' else 'n/a'}")
+                line.append(f"{side}: {(why or 'triad only') if side == 'C OpenMP' else 'n/a'}")
                 continue
             per_t = ", ".join(f"{t}t {max(v):.2f}" for t, v in sorted(d.items()))
-            bt, bv = best_of(d)
+            bt, _ = best_of(d)
             line.append(f"{side}: {per_t} (best at {bt} threads)")
         print(f"  {kind:6s} " + " | ".join(line))
         ours_t, ours = best_of(sides["ours (torch)"])

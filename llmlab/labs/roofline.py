@@ -692,7 +692,9 @@ def _sweep_claim(sweep: pd.DataFrame) -> Claim:
 
 
 def _decode_claims(m: pd.Series, dec: pd.DataFrame | None) -> list[Claim]:
-    ridge, ai1, knee_pred = float(m["ridge"]), float(m["b1_intensity"]), float(m["predicted_knee"])
+    ridge, ai1 = float(m["ridge"]), float(m["b1_intensity"])
+    knee_pred = _num(m["predicted_knee"])  # inf is saved as null: the knee is never reached
+    knee_pred = math.inf if knee_pred is None else knee_pred
     share_text = "decode at batch 1 uses under 5% of peak compute"
     share_exp = f"< 5% (roof: <= {100 * min(1, ai1 / ridge):.1f}%)"
     knee_text = "decode turns compute-bound near the predicted batch"
