@@ -252,6 +252,8 @@ def test_judge_every_claim_can_hold():
                 "decode_b1_compute_share", "decode_knee_vs_ridge"):
         assert find(claims, f"roofline.{cid}").holds is True, cid
     assert len(claims) == 7
+    res = _result()
+    assert R.headline(res, claims).startswith("Decode at batch 1 does 0.50 FLOP per byte, far below the ridge (8.0 at 10.0 GB/s)")
 
 
 def test_judge_every_claim_can_fail():
