@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import types
@@ -162,14 +163,42 @@ def test_every_lab_has_a_teaching_help():
         assert "--quick" in p.stdout and "--device" in p.stdout and "--json" in p.stdout
 
 
+def _sigint_default() -> None:
+    """preexec_fn: a child of a parent that ignores SIGINT (`make test &`, nohup) inherits SIG_IGN, and
+    Python then installs no KeyboardInterrupt handler: put the default back before exec."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _popen_interruptible(args: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], preexec_fn=_sigint_default, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_ctrl_c_child_gets_sigint_even_when_the_parent_ignores_it():
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `make test &` or nohup does to the test run
+    try:
+        p = _popen_interruptible(["-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"])
+        out, err = p.communicate(timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert out.strip() == "True", (out, err)  # the child turns Ctrl-C into KeyboardInterrupt
+
+
 def test_ctrl_c_during_a_lab_saves_what_was_measured_and_exits_130(tmp_path):
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "llmlab", "gpu-parallelism", "--out", str(tmp_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Pinned to the CPU: on a GPU host `auto` would take the GPU, whose parts take a different time to reach.
+    # CUDA_VISIBLE_DEVICES="" rather than --device cpu because only `auto` prints the "device:" line that
+    # says the lab is about to measure (a non-TTY progress display prints nothing until it stops).
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    p = _popen_interruptible(["-m", "llmlab", "gpu-parallelism", "--out", str(tmp_path)], env=env)
     line = p.stderr.readline()  # "device: cpu (...)": printed once the lab is about to start measuring
-    assert line.startswith("device:"), line
+    assert line.startswith("device: cpu"), line
     time.sleep(2.0)  # the full run takes tens of seconds: this lands inside the first part
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)

@@ -230,3 +230,46 @@ def test_device_card_nvml_fields_are_read_one_by_one(monkeypatch):
     assert card["power_limit_w"] is None and card["max_sm_clock_mhz"] is None
     assert card["nvml_unsupported"] == {"power_limit_w": "Not Supported", "max_sm_clock_mhz": "Not Supported",
                                         "max_mem_clock_mhz": "Not Supported"}
+
+
+# ---------------------------------------------------------------- item 16: one TF32 helper for every allowed torch
+
+
+def _old_torch_backends(monkeypatch):
+    """torch 2.4-2.8: no `fp32_precision`, only the `allow_tf32` flags."""
+    import types
+
+    matmul, cudnn = types.SimpleNamespace(allow_tf32=False), types.SimpleNamespace(allow_tf32=False)
+    monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+    monkeypatch.setattr(torch.backends, "cudnn", cudnn)
+    return matmul, cudnn
+
+
+def test_tf32_helper_uses_allow_tf32_on_torch_before_2_9(monkeypatch):
+    from llmlab.core.device import set_tf32, tf32
+    from llmlab.labs import roofline
+
+    matmul, cudnn = _old_torch_backends(monkeypatch)
+    set_tf32(matmul=True, conv=True)
+    assert matmul.allow_tf32 is True and cudnn.allow_tf32 is True
+    set_tf32(matmul=False)
+    with tf32(matmul=True):
+        assert matmul.allow_tf32 is True
+    assert matmul.allow_tf32 is False and cudnn.allow_tf32 is True  # restored; conv untouched
+    with roofline._tf32(True):  # the roofline lab's tf32 rows on an old torch (was an AttributeError)
+        assert matmul.allow_tf32 is True
+    assert matmul.allow_tf32 is False
+
+
+def test_tf32_helper_uses_fp32_precision_on_torch_2_9_and_later():
+    from llmlab.core.device import tf32, tf32_knobs
+    from llmlab.labs import gpu_parallelism as gp
+
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no fp32_precision API")
+    m = torch.backends.cuda.matmul
+    before = m.fp32_precision
+    with tf32(matmul=True, conv=False):
+        assert m.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert m.fp32_precision == before
+    assert gp._tf32_knobs is tf32_knobs  # the lab's old name is the core helper

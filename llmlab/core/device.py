@@ -163,6 +163,41 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
+def tf32_knobs() -> dict[str, tuple[object, str, object, object]]:
+    """name -> (object, attribute, TF32 on, TF32 off) for CUDA matmuls ("matmul") and cuDNN convs ("conv").
+
+    torch >= 2.9 has the per-backend `fp32_precision` API and refuses to mix it with the legacy one,
+    so the new API is used where it exists and only `allow_tf32` where it does not (torch 2.4-2.8).
+    """
+    import torch
+
+    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(m, "fp32_precision") and hasattr(c, "conv") and hasattr(c.conv, "fp32_precision"):
+        return {"matmul": (m, "fp32_precision", "tf32", "ieee"), "conv": (c.conv, "fp32_precision", "tf32", "ieee")}
+    return {"matmul": (m, "allow_tf32", True, False), "conv": (c, "allow_tf32", True, False)}
+
+
+def set_tf32(matmul: bool | None = None, conv: bool | None = None) -> None:
+    """Allow (True) or forbid (False) TF32 tensor cores for FP32 CUDA matmuls / cuDNN convs; None leaves it."""
+    knobs = tf32_knobs()
+    for name, want in (("matmul", matmul), ("conv", conv)):
+        if want is not None:
+            obj, attr, on, off = knobs[name]
+            setattr(obj, attr, on if want else off)
+
+
+@contextmanager
+def tf32(matmul: bool | None = None, conv: bool | None = None) -> Iterator[None]:
+    """`set_tf32` for the block; the previous TF32 settings come back after, on every allowed torch."""
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _, _ in tf32_knobs().values()]
+    set_tf32(matmul, conv)
+    try:
+        yield
+    finally:
+        for obj, attr, old in saved:
+            setattr(obj, attr, old)
+
+
 def cpu_load() -> tuple[float | None, int]:
     """(1-minute load average or None where the OS has none, usable logical CPUs).
 
@@ -268,13 +303,49 @@ def last_level_cache_bytes(device: Device) -> int:
     return max(caches.values()) if caches else 32 * 2**20
 
 
-def cpu_max_mhz() -> float | None:
+_CPUFREQ_MAX = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")  # kHz, the max boost clock
+
+
+def _lscpu_max_mhz() -> float | None:
+    """`lscpu`'s "CPU max MHz" (cpufreq or the firmware's table), or None where lscpu is absent or silent."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("lscpu"):
+        return None
     try:
-        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1000
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5, env={**os.environ, "LC_ALL": "C"}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"^CPU max MHz:\s*([\d.]+)", out, re.M)
+    return float(m.group(1)) if m and float(m.group(1)) > 0 else None
+
+
+def cpu_clock_mhz() -> tuple[float | None, str]:
+    """(MHz, which clock it is) for a CPU's spec peak: the max boost clock where the OS reports one.
+
+    Order: cpufreq's cpuinfo_max_freq, then lscpu's "CPU max MHz" (both the max boost clock), then
+    /proc/cpuinfo's "cpu MHz" (a base or current clock: cores may boost above it, so a measured
+    rate can pass 100% of a spec computed from it, and the source string says so).
+    """
+    try:
+        khz = int(_CPUFREQ_MAX.read_text())
+        if khz > 0:
+            return khz / 1000, "max boost clock (cpufreq cpuinfo_max_freq)"
     except (OSError, ValueError):
         pass
+    mhz = _lscpu_max_mhz()
+    if mhz:
+        return mhz, "max boost clock (lscpu CPU max MHz)"
     mhz = _cpuinfo().get("cpu MHz")
-    return float(mhz) if mhz else None
+    if mhz:
+        return float(mhz), "clock from /proc/cpuinfo (no max boost clock reported: turbo may run faster)"
+    return None, "the clock is not reported"
+
+
+def cpu_max_mhz() -> float | None:
+    """The clock `cpu_clock_mhz` picks (max boost where reported), in MHz."""
+    return cpu_clock_mhz()[0]
 
 
 # ---------------------------------------------------------------- the card
@@ -307,12 +378,14 @@ def device_card(device: Device) -> dict:
             cuda_runtime=torch.version.cuda,
         )
         card.update(_nvml_card(device.index))
+    mhz, clock_source = cpu_clock_mhz()
     card["cpu"] = {
         "model": cpu_model_name(),
         **cpu_cores(),
         "isa": cpu_isa(),
         "caches_bytes": cpu_caches(),
-        "max_mhz": cpu_max_mhz(),
+        "max_mhz": mhz,
+        "clock_source": clock_source,
         "memory_bytes": _meminfo_bytes("MemTotal"),
         "torch_threads": torch.get_num_threads(),
     }

@@ -14,9 +14,10 @@ CPU FLOP/cycle per core (FP32, FMA = 2 FLOPs):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from llmlab.core.device import Device, cpu_cores, cpu_flags, cpu_max_mhz, cpu_model_name
+from llmlab.core.device import Device, cpu_clock_mhz, cpu_cores, cpu_flags, cpu_model_name
 
 
 @dataclass(frozen=True)
@@ -33,28 +34,47 @@ class GpuSpec:
         return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops, "fp32": self.fp32_tflops}.get(dtype)
 
 
-# Matched by substrings of torch.cuda.get_device_name(), most specific first.
-GPU_SPECS: list[tuple[tuple[str, ...], GpuSpec]] = [
-    (("H200",), GpuSpec("H200 SXM", 989.4, 989.4, 494.7, 66.9, 4800)),
-    (("H100", "PCIe"), GpuSpec("H100 PCIe", 756.0, 756.0, 378.0, 51.2, 2000)),
-    (("H100",), GpuSpec("H100 SXM", 989.4, 989.4, 494.7, 66.9, 3350)),
-    (("A100", "80GB", "PCIe"), GpuSpec("A100 80GB PCIe", 312.0, 312.0, 156.0, 19.5, 1935)),
-    (("A100", "80GB"), GpuSpec("A100 80GB SXM", 312.0, 312.0, 156.0, 19.5, 2039)),
-    (("A100",), GpuSpec("A100 40GB", 312.0, 312.0, 156.0, 19.5, 1555)),
-    (("L40S",), GpuSpec("L40S", 362.05, 362.05, 183.0, 91.6, 864)),
-    (("L4",), GpuSpec("L4", 121.0, 121.0, 60.0, 30.3, 300)),
-    (("A10",), GpuSpec("A10", 125.0, 125.0, 62.5, 31.2, 600)),
-    (("T4",), GpuSpec("T4", None, 65.0, None, 8.1, 320, "Turing: no BF16 or TF32 tensor cores")),
-    (("4090",), GpuSpec("RTX 4090", 165.2, 165.2, 82.6, 82.6, 1008, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (330)")),
-    (("3090",), GpuSpec("RTX 3090", 71.0, 71.0, 35.6, 35.6, 936, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (142)")),
+# Matched against torch.cuda.get_device_name() as case-insensitive regular expressions on word
+# boundaries, first match wins, so the more specific rows come first: "L40" is not "L4", "GH200" is
+# not "H200", "A100" is not "A10", and the NVL boards (PCIe cards, lower clocks) are not SXM.
+# Sources: NVIDIA datasheets (H100 / H100 NVL, H200 / H200 NVL, GH200, A100, L40, L40S, L4, A10, T4),
+# Ada and Ampere GeForce whitepapers. Datasheets print sparse tensor figures: these are half of them.
+GPU_SPECS: list[tuple[str, GpuSpec]] = [
+    (r"\bGH200\b.*\b144\s*G", GpuSpec("GH200 144GB HBM3e", 989.4, 989.4, 494.7, 66.9, 4900)),
+    (r"\bGH200\b", GpuSpec("GH200 96GB HBM3", 989.4, 989.4, 494.7, 66.9, 4000)),
+    (r"\bH200\b.*\bNVL\b", GpuSpec("H200 NVL", 835.5, 835.5, 417.5, 60.0, 4800)),
+    (r"\bH200\b", GpuSpec("H200 SXM", 989.4, 989.4, 494.7, 66.9, 4800)),
+    (r"\bH100\b.*\bNVL\b", GpuSpec("H100 NVL", 835.5, 835.5, 417.5, 60.0, 3900)),
+    (r"\bH100\b.*\bPCIe\b", GpuSpec("H100 PCIe", 756.0, 756.0, 378.0, 51.2, 2000)),
+    (r"\bH100\b", GpuSpec("H100 SXM", 989.4, 989.4, 494.7, 66.9, 3350)),
+    (r"\bA100\b(?=.*\b80GB\b)(?=.*\bPCIe\b)", GpuSpec("A100 80GB PCIe", 312.0, 312.0, 156.0, 19.5, 1935)),
+    (r"\bA100\b.*\b80GB\b", GpuSpec("A100 80GB SXM", 312.0, 312.0, 156.0, 19.5, 2039)),
+    (r"\bA100\b", GpuSpec("A100 40GB", 312.0, 312.0, 156.0, 19.5, 1555)),
+    (r"\bL40S\b", GpuSpec("L40S", 362.05, 362.05, 183.0, 91.6, 864)),
+    (r"\bL40\b", GpuSpec("L40", 181.05, 181.05, 90.5, 90.5, 864)),
+    (r"\bL4\b", GpuSpec("L4", 121.0, 121.0, 60.0, 30.3, 300)),
+    (r"\bA10\b", GpuSpec("A10", 125.0, 125.0, 62.5, 31.2, 600)),
+    (r"\bT4\b", GpuSpec("T4", None, 65.0, None, 8.1, 320, "Turing: no BF16 or TF32 tensor cores")),
+    (r"\bRTX 4090\b(?!.*\b(?:Laptop|D)\b)", GpuSpec("RTX 4090", 165.2, 165.2, 82.6, 82.6, 1008, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (330)")),
+    (r"\bRTX 3090\b(?!\s*Ti\b)", GpuSpec("RTX 3090", 71.0, 71.0, 35.6, 35.6, 936, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (142)")),
 ]
+
+_MIG = re.compile(r"\bMIG\b|\b\d+g\.\d+gb\b", re.I)  # "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+
+
+def gpu_spec_match(name: str) -> tuple[GpuSpec | None, str]:
+    """(the spec row for a device name, or None) and why: the row's name, "MIG slice", or "not in the table"."""
+    if _MIG.search(name):
+        return None, f"unknown: '{name}' is a MIG slice, which has a fraction of the full GPU's SMs and bandwidth"
+    for pattern, spec in GPU_SPECS:
+        if re.search(pattern, name, re.I):
+            return spec, f"{spec.name} datasheet (dense)"
+    return None, f"unknown: '{name}' is not in the spec table"
 
 
 def gpu_spec(name: str) -> GpuSpec | None:
-    for keys, spec in GPU_SPECS:
-        if all(k.lower() in name.lower() for k in keys):
-            return spec
-    return None
+    """The spec row for a torch device name; None for a MIG slice or a GPU not in the table."""
+    return gpu_spec_match(name)[0]
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ def cpu_peak() -> CpuPeak:
     flags = cpu_flags()
     model = cpu_model_name()
     cores = cpu_cores()["physical"]
-    mhz = cpu_max_mhz()
+    mhz, clock = cpu_clock_mhz()
     if not mhz:
         return CpuPeak(None, None, "unknown: the clock is not reported")
     amd = "AMD" in model.upper()
@@ -90,7 +110,7 @@ def cpu_peak() -> CpuPeak:
         bf16_per, bf16_isa = per, "no BF16 unit: BF16 runs at the FP32 rate at best"
     ghz = mhz / 1000
     how = (
-        f"{cores} cores x {ghz:.2f} GHz (reported clock; turbo may differ) x {per} FP32 FLOP/cycle ({isa}); "
+        f"{cores} cores x {ghz:.2f} GHz ({clock}) x {per} FP32 FLOP/cycle ({isa}); "
         f"BF16 x {bf16_per} ({bf16_isa})"
     )
     return CpuPeak(cores * ghz * per, cores * ghz * bf16_per, how)
@@ -99,11 +119,11 @@ def cpu_peak() -> CpuPeak:
 def peak_for(device: Device, dtype: str) -> tuple[float | None, str]:
     """Spec peak compute in GFLOP/s for dtype ('fp32', 'tf32', 'bf16', 'fp16') and its source."""
     if device.is_cuda:
-        spec = gpu_spec(device.name)
+        spec, how = gpu_spec_match(device.name)
         if spec is None:
-            return None, f"'{device.name}' is not in the spec table"
+            return None, how
         tf = spec.peak_tflops(dtype)
-        return (tf * 1e3 if tf else None), f"{spec.name} datasheet (dense){'; ' + spec.note if spec.note else ''}"
+        return (tf * 1e3 if tf else None), f"{how}{'; ' + spec.note if spec.note else ''}"
     peak = cpu_peak()
     g = peak.bf16_gflops if dtype in ("bf16", "fp16") else peak.fp32_gflops
     return g, peak.how
@@ -111,6 +131,24 @@ def peak_for(device: Device, dtype: str) -> tuple[float | None, str]:
 
 def bandwidth_spec_GBps(device: Device) -> tuple[float | None, str]:
     if device.is_cuda:
-        spec = gpu_spec(device.name)
-        return (spec.bandwidth_GBps, f"{spec.name} datasheet") if spec else (None, "not in the spec table")
+        spec, how = gpu_spec_match(device.name)
+        return (spec.bandwidth_GBps, f"{spec.name} datasheet") if spec else (None, how)
     return None, "unknown for a CPU (depends on DIMMs and channels)"
+
+
+def over_spec_note(measured: float | None, spec: float | None, how: str) -> str | None:
+    """The note a "% of spec" above 100% must carry (None at or below 100%, or with no spec).
+
+    A CPU spec from a base or current clock undercounts boosted cores; a GPU above its datasheet
+    points at a wrong spec row or a timing error. Either way the reader is told, never shown a bare 113%.
+    """
+    if not measured or not spec or measured <= spec:
+        return None
+    pct = 100 * measured / spec
+    if "max boost" in how:
+        why = "the spec already uses the max boost clock, so suspect the FLOP/cycle assumed or the timing"
+    elif "GHz" in how:
+        why = "the spec uses a clock below the cores' boost clock (the OS reports no max boost clock)"
+    else:
+        why = "the measurement beat the datasheet: check the spec row matched and the timing synchronised"
+    return f"{pct:.0f}% of spec: {why} ({how})"

@@ -34,7 +34,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from llmlab.core.device import Device, cpu_cores, cpu_isa, cpu_load, is_oom, resolve_device, torch_threads
+from llmlab.core.device import Device, cpu_cores, cpu_isa, cpu_load, is_oom, resolve_device, set_tf32, torch_threads
+from llmlab.core.device import tf32_knobs as _tf32_knobs  # the TF32 helper lives in core (item 16); old name kept
 from llmlab.core.render import track
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
@@ -171,26 +172,6 @@ def keep_torch_settings() -> Iterator[None]:
         torch.set_num_threads(threads)
         for name, (obj, attr, _, _) in _tf32_knobs().items():
             setattr(obj, attr, saved[name])
-
-
-def _tf32_knobs() -> dict[str, tuple[object, str, object, object]]:
-    """name -> (object, attribute, TF32 on, TF32 off) for CUDA matmuls and cuDNN convs.
-
-    torch >= 2.9 has the per-backend `fp32_precision` API and refuses to mix it with the legacy
-    one, so the lab uses only the new API where it exists and only `allow_tf32` where it does not.
-    """
-    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
-    if hasattr(m, "fp32_precision") and hasattr(c, "conv"):
-        return {"matmul": (m, "fp32_precision", "tf32", "ieee"), "conv": (c.conv, "fp32_precision", "tf32", "ieee")}
-    return {"matmul": (m, "allow_tf32", True, False), "conv": (c, "allow_tf32", True, False)}
-
-
-def set_tf32(matmul: bool | None = None, conv: bool | None = None) -> None:
-    """Allow (True) or forbid (False) TF32 tensor cores for FP32 CUDA matmuls / cuDNN convs; None leaves it."""
-    for name, want in (("matmul", matmul), ("conv", conv)):
-        if want is not None:
-            obj, attr, on, off = _tf32_knobs()[name]
-            setattr(obj, attr, on if want else off)
 
 
 def time_fn(fn: Callable[[], object], device: Device, budget_s: float, setup: Callable[[], object] | None = None) -> Stats:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -92,6 +93,15 @@ def _env() -> dict:
             "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+_ABS_PATH = re.compile(r"(?<![\w.<])(?:~|[A-Za-z]:)?[/\\](?:[\w.+-]+[/\\])*[\w.+-]+")
+
+
+def public_command(command: str) -> str:
+    """The command as the card shows it: absolute paths of the training machine (a scratch folder, a
+    home directory) become `<dir>`; they say nothing to a reader and leak the trainer's file system."""
+    return _ABS_PATH.sub("<dir>", command)
+
+
 def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
     """metrics.json (every measured number) and MODEL_CARD.md rendered from it."""
     out = Path(out)
@@ -100,7 +110,7 @@ def write_card(out: Path, report: TrainReport, m: dict, command: str) -> None:
                "final_train_loss_target": tail(report.target_losses),
                "final_train_kl_draft": tail(report.draft_losses),
                "metrics": m, "sizes_bytes": {name: _folder_bytes(out / name) for name in ("tiny", "tiny-draft")},
-               "env": _env(), "command": command}
+               "env": _env(), "command": public_command(command)}
     (out / "metrics.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
     render_card(out)
 
@@ -122,7 +132,7 @@ def render_card(out: Path) -> None:
         "(KL to the target's logits). They are real trained models, but tiny: good enough to show how inference",
         "behaves, not to answer questions.",
         "",
-        f"- Trained by: `{payload['command']}`.",
+        f"- Trained by: `{public_command(payload['command'])}`.",
         f"- Measured by: `{payload.get('measured_by', 'llmlab.tiny.evaluate.evaluate_pair on the saved folders (what llmlab tiny train runs after training)')}`;",
         "  `llmlab tiny eval` re-measures the shipped pair.",
         f"- Machine: {env['cpu']}, {env['logical']} logical CPUs, torch threads {m.get('torch_threads', 'n/a')}"
