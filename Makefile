@@ -1,4 +1,4 @@
-# llmlab: `make demo`, `make install`, `make test`, `make all-labs`, `make lab-NAME`, `make gpu-check`.
+# llmlab: `make demo`, `make install`, `make test`, `make all-labs`, `make lab-NAME`, `make gpu-check`, `make browser`.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -9,7 +9,7 @@ TORCH_CPU ?= torch==2.13.0
 LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo install test lint all-labs gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
+.PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
 
 # The main job: install, then one lab on the built-in model pair (no download).
 DEMO    ?= speculative --quick
@@ -22,11 +22,17 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(HAVE_GPU),1)
-	$(BIN)/python -m pip install -q torch
+	@# a CPU torch left in an existing .venv (torch.version.cuda is None) is replaced by a CUDA build
+	$(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is None)" 2>/dev/null \
+	  || { $(BIN)/python -m pip uninstall -q -y torch 2>/dev/null; $(BIN)/python -m pip install -q torch; }
 else
 	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH_CPU)
 endif
 	$(BIN)/python -m pip install -q -e ".[dev]"
+ifeq ($(HAVE_GPU),1)
+	@# nvidia-smi sees a GPU: can torch? If not (CPU build, or a wheel for a newer CUDA than the driver), one line with the pip fix
+	@$(BIN)/python -m llmlab.core.gpucheck --install-check
+endif
 	touch $@
 
 test: install
@@ -43,17 +49,23 @@ all-labs: install
 	    echo "== llmlab $$lab"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --out $(OUT) || exit $$?; \
 	  fi; \
 	done
+	$(LLMLAB) report $(OUT)
+
+# Debian's chromium, for the HTML report's browser test (tests/test_report_browser.py); needs root.
+browser:
+	@command -v chromium >/dev/null 2>&1 && echo "chromium: $$(command -v chromium)" || \
+	  { [ "$$(id -u)" = 0 ] || { echo "make browser: run as root (apt-get install -y chromium)"; exit 1; }; \
+	    apt-get update -q && apt-get install -y -q chromium; }
 
 $(addprefix lab-,$(LABS)): lab-%: install  # static pattern: make skips implicit rules for .PHONY targets
 	HF_HUB_OFFLINE=1 $(LLMLAB) $* --out $(OUT)
 
-# The one command to run on a GPU machine: every lab in --quick mode on cuda.
+# The one command to run on a GPU machine: every lab in --quick mode on cuda, each in its own process
+# (a crash does not stop the rest; its traceback is saved under $(OUT)/gpu-check/), ending in one
+# summary of labs run and claims held / not held / not measured ($(OUT)/gpu-check/summary.txt).
+GPU_CHECK_DEVICE ?= cuda
 gpu-check: install
-	@for lab in $(LABS); do \
-	  if $(LLMLAB) $$lab --help >/dev/null 2>&1; then \
-	    echo "== llmlab $$lab --device cuda --quick"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --device cuda --quick --out $(OUT) || exit $$?; \
-	  fi; \
-	done
+	HF_HUB_OFFLINE=1 $(BIN)/python -m llmlab.core.gpucheck --device $(GPU_CHECK_DEVICE) --out $(OUT)
 
 bench-roofline bench-samplers bench-speculative: bench-%: install  # static pattern (see lab-%)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)

@@ -69,7 +69,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(sizes=(), prefill_tokens=64, context=32, repeats=5)
+        return cls(sizes=(), prefill_tokens=48, context=32, repeats=4)
 
 
 # ---------------------------------------------------------------- the model's own steps

@@ -377,9 +377,9 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
 
 def layer_matmuls(config) -> list[tuple[str, int, int, int]]:
     """(name, K, N, count per model) of every weight matmul of a Llama-family decoder."""
-    from llmlab.core.models import _shape
+    from llmlab.core.models import shape
 
-    s = _shape(config)
+    s = shape(config)
     h, hd, q, kv, i, L = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"], s["intermediate"], s["layers"]
     return [("q_proj", h, q * hd, L), ("k_proj", h, kv * hd, L), ("v_proj", h, kv * hd, L), ("o_proj", q * hd, h, L),
             ("gate_proj", h, i, L), ("up_proj", h, i, L), ("down_proj", i, h, L), ("lm_head", h, s["vocab"], 1)]
@@ -387,9 +387,9 @@ def layer_matmuls(config) -> list[tuple[str, int, int, int]]:
 
 def attention_cost(config, tokens: int, context: int, elem: int, prefill: bool) -> tuple[int, int]:
     """(FLOPs, bytes) of QK^T and PV over all layers: Q, K, V, O each moved once (flash-attention style)."""
-    from llmlab.core.models import _shape
+    from llmlab.core.models import shape
 
-    s = _shape(config)
+    s = shape(config)
     q, kv, hd, L = s["heads"], s["kv_heads"], s["head_dim"], s["layers"]
     pairs = tokens * (tokens + 1) // 2 if prefill else tokens * context  # causal prefill; decode sees the context
     flops = 4 * q * hd * pairs * L  # 2 FLOPs x (QK^T + PV)

@@ -79,8 +79,8 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(concurrencies=(1, 2, 4, 8), max_concurrency=8, requests_per_level=2, prompt_len=32, output_len=16,
-                   short_long=(4, 32), arrivals=12, prefix_lens=(64, 192), prefix_requests=4, long_prompt=256,
+        return cls(concurrencies=(1, 4, 8), max_concurrency=8, requests_per_level=1, prompt_len=32, output_len=16,
+                   short_long=(4, 24), arrivals=10, prefix_lens=(128,), prefix_requests=3, long_prompt=192,
                    chunk_budget=32)
 
     def levels(self) -> list[int]:

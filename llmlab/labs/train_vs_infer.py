@@ -68,7 +68,7 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(models=("tiny",), batch=2, seq_len=64, repeats=3, gen_tokens=200, answer_tokens=16)
+        return cls(models=("tiny",), batch=2, seq_len=48, repeats=3, gen_tokens=64, answer_tokens=12)
 
 
 # ---------------------------------------------------------------- set-up
