@@ -4,7 +4,6 @@ the thread-count restore, config validation, an in-process run, and the CLI end 
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 
@@ -202,10 +201,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmlab", "gpu-parallelism", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_cli_quick_json_end_to_end(tmp_path):
-    p = _cli("--device", "cpu", "--quick", "--json", "--out", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    d = json.loads(p.stdout)
+def test_cli_quick_end_to_end(quick_run):
+    d = quick_run("gpu-parallelism").data
     assert d["lab"] == "gpu-parallelism" and d["env"]["quick"] is True
     for name in ("throughput_elementwise", "throughput_matmul", "thread_scaling", "tensor_cores", "launch_overhead", "alexnet_conv1"):
         t = d["tables"][name]
