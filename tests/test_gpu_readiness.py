@@ -273,3 +273,20 @@ def test_tf32_helper_uses_fp32_precision_on_torch_2_9_and_later():
         assert m.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "ieee"
     assert m.fp32_precision == before
     assert gp._tf32_knobs is tf32_knobs  # the lab's old name is the core helper
+
+
+def test_telemetry_sample_survives_a_pynvml_without_clock_event_reasons(monkeypatch):
+    import sys
+    import time
+
+    from llmlab.core.telemetry import Telemetry
+
+    visible_as_cuda0(monkeypatch, 0)
+    nvml = fake_pynvml(BOARDS)
+    del nvml.nvmlDeviceGetCurrentClocksEventReasons  # neither the new nor the old name: the field is unsupported
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with Telemetry(Device("cuda:0"), interval_s=0.002) as tel:
+        time.sleep(0.03)
+    s = tel.summary()
+    assert s["n_samples"] >= 1 and s["sm_clock_mhz"]["max"] == 1000
+    assert s["throttle_reasons"] is None and "throttle" in s["unsupported"]
