@@ -1,4 +1,4 @@
-# llmlab: `make demo`, `make install`, `make test`, `make all-labs`, `make lab-NAME`, `make gpu-check`.
+# llmlab: `make demo`, `make install`, `make test`, `make all-labs`, `make lab-NAME`, `make gpu-check`, `make browser`.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -6,10 +6,10 @@ LLMLAB  := $(BIN)/llmlab
 OUT     ?= results
 # The CPU build of torch (small, on this disk); a GPU machine takes the default CUDA build.
 TORCH_CPU ?= torch==2.13.0
-LABS    := gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative
+LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo install test lint all-labs gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
+.PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
 
 # The main job: install, then one lab on the built-in model pair (no download).
 DEMO    ?= speculative --quick
@@ -49,6 +49,13 @@ all-labs: install
 	    echo "== llmlab $$lab"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --out $(OUT) || exit $$?; \
 	  fi; \
 	done
+	$(LLMLAB) report $(OUT)
+
+# Debian's chromium, for the HTML report's browser test (tests/test_report_browser.py); needs root.
+browser:
+	@command -v chromium >/dev/null 2>&1 && echo "chromium: $$(command -v chromium)" || \
+	  { [ "$$(id -u)" = 0 ] || { echo "make browser: run as root (apt-get install -y chromium)"; exit 1; }; \
+	    apt-get update -q && apt-get install -y -q chromium; }
 
 $(addprefix lab-,$(LABS)): lab-%: install  # static pattern: make skips implicit rules for .PHONY targets
 	HF_HUB_OFFLINE=1 $(LLMLAB) $* --out $(OUT)

@@ -15,7 +15,7 @@ from llmlab.core import device as devmod
 from llmlab.core.device import Device, resolve_device
 from llmlab.core.errors import UsageError
 from llmlab.core.render import chart_text, fmt, render
-from llmlab.core.results import Chart, LabResult, atomic_write, check_writable
+from llmlab.core.results import Chart, Claim, LabResult, atomic_write, check_writable
 from llmlab.core.specs import gpu_spec, peak_for
 from llmlab.core.timing import Stopwatch, autorange, measure, summarize
 
@@ -139,9 +139,9 @@ def test_stopwatch_phases_add_up():
 def _result() -> LabResult:
     res = LabResult(lab="demo", version=3, config={"sizes": [1, 2]}, env={"utc_stamp": "20260101T000000Z"})
     res.add_table("t", [{"size": 1, "latency_ms": 0.5, "name": "a"}, {"size": 2, "latency_ms": float("nan"), "name": "b"}])
-    res.claim("x holds", "about 2", "2.1", True, "note")
-    res.claim("y", "-", "-", None, "not measured: no GPU")
-    res.charts.append(Chart("lat", "t", "size", "latency_ms", logx=True))
+    res.claims = [Claim("demo.x", "x holds", "about 2", "2.1", True, "note"),
+                  Claim("demo.y", "y", "-", "-", None, "not measured: no GPU")]
+    res.skip("gpu_part", "no GPU")
     res.note("hello")
     return res
 
@@ -150,14 +150,14 @@ def test_json_round_trip():
     res = _result()
     text = res.to_json()
     d = json.loads(text)  # strict JSON: NaN became null
-    assert d["schema_version"] == 1 and d["tables"]["t"]["rows"][1][1] is None
+    assert d["schema_version"] == 2 and d["tables"]["t"]["rows"][1][1] is None
     back = LabResult.from_json(text)
     assert back.lab == "demo" and back.version == 3
     assert back.claims[0].holds is True and back.claims[1].holds is None
     assert back.claims[1].verdict == "not measured"
     assert list(back.tables["t"].columns) == ["size", "latency_ms", "name"]
     assert back.tables["t"]["latency_ms"].iloc[0] == 0.5
-    assert back.charts[0].logx is True and back.notes == ["hello"]
+    assert back.claims[0].id == "demo.x" and back.notes == ["hello"] and back.skipped == {"gpu_part": "no GPU"}
 
 
 def test_json_rejects_other_schema():
