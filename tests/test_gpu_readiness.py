@@ -246,8 +246,8 @@ def _old_torch_backends(monkeypatch):
 
 
 def test_tf32_helper_uses_allow_tf32_on_torch_before_2_9(monkeypatch):
+    from llmlab.core import roofs
     from llmlab.core.device import set_tf32, tf32
-    from llmlab.labs import roofline
 
     matmul, cudnn = _old_torch_backends(monkeypatch)
     set_tf32(matmul=True, conv=True)
@@ -256,7 +256,7 @@ def test_tf32_helper_uses_allow_tf32_on_torch_before_2_9(monkeypatch):
     with tf32(matmul=True):
         assert matmul.allow_tf32 is True
     assert matmul.allow_tf32 is False and cudnn.allow_tf32 is True  # restored; conv untouched
-    with roofline._tf32(True):  # the roofline lab's tf32 rows on an old torch (was an AttributeError)
+    with roofs.tf32(True):  # the roofline lab's tf32 rows on an old torch (was an AttributeError)
         assert matmul.allow_tf32 is True
     assert matmul.allow_tf32 is False
 

@@ -179,27 +179,13 @@ def torch_dtype(spec: str):
     return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
 
 
-def _tf32_knob():
-    """(object, attribute, on, off) for TF32 in CUDA matmuls: the fp32_precision API on torch >= 2.9,
-    allow_tf32 before it (torch >= 2.9 refuses to mix the two)."""
-    import torch
+def tf32(enabled: bool):
+    """TF32 tensor-core matmuls on (True) or strict IEEE FP32 (False) inside the block; restored after.
 
-    m = torch.backends.cuda.matmul
-    if hasattr(m, "fp32_precision"):
-        return m, "fp32_precision", "tf32", "ieee"
-    return m, "allow_tf32", True, False
+    The one TF32 helper is core.device.tf32 (fp32_precision on torch >= 2.9, allow_tf32 before); this is it for matmuls."""
+    from llmlab.core.device import tf32 as _tf32
 
-
-@contextmanager
-def tf32(enabled: bool) -> Iterator[None]:
-    """TF32 tensor-core matmuls on (True) or strict IEEE FP32 (False) inside the block; restored after."""
-    obj, attr, on, off = _tf32_knob()
-    old = getattr(obj, attr)
-    setattr(obj, attr, on if enabled else off)
-    try:
-        yield
-    finally:
-        setattr(obj, attr, old)
+    return _tf32(matmul=enabled)
 
 
 def gemm_operands(m: int, n: int, k: int, dtype: str, device: Device, gen):
