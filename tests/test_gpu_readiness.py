@@ -192,6 +192,20 @@ def test_nvml_handle_found_by_uuid_not_by_index(monkeypatch):
     assert card["nvml"].startswith("handle by uuid GPU-3333")
 
 
+def test_nvml_handle_by_uuid_in_the_pcie_probe(monkeypatch):
+    import sys
+
+    from llmlab.labs import gpu_parallelism as gp
+
+    visible_as_cuda0(monkeypatch, 3)
+    nvml = fake_pynvml(BOARDS)
+    nvml.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: {0: 4, 3: 5}[h]  # board 0 is gen 4, the visible board 3 gen 5
+    nvml.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    gbps, how = gp.pcie_GBps(Device("cuda:0"))
+    assert how == "PCIe gen 5 x16 (NVML)" and gbps == pytest.approx(3.938 * 16)
+
+
 def test_nvml_handle_falls_back_to_pci_bus_id(monkeypatch):
     from llmlab.core.device import nvml_handle
 
