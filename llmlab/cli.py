@@ -94,7 +94,7 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         err.print(f"[dim]device: {device.spec} ({device.name}){'' if device.is_cuda else ' — no CUDA GPU found, using the CPU'}[/]")
     started = datetime.now(timezone.utc)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=err, transient=True)
-    with Telemetry(device) as tel, progress:
+    with device.activate(), Telemetry(device) as tel, progress:  # --gpu N: the whole command runs on cuda:N
         result = module.run(cfg, device, progress)
     result.env = {
         "command": command_line(),

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from llmlab.core.device import Device, cpu_cores, cpu_isa, cpu_load, is_oom, resolve_device, set_tf32, torch_threads
+from llmlab.core.device import Device, cpu_cores, cpu_isa, cpu_load, is_oom, nvml_handle, resolve_device, set_tf32, torch_threads
 from llmlab.core.device import tf32_knobs as _tf32_knobs  # the TF32 helper lives in core (item 16); old name kept
 from llmlab.core.render import track
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
@@ -566,7 +566,7 @@ def pcie_GBps(gpu: Device) -> tuple[float | None, str]:
         import pynvml
 
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        h, _ = nvml_handle(pynvml, gpu.index)  # by UUID: torch's index is not NVML's under CUDA_VISIBLE_DEVICES
         gen, width = pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h), pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)
         return per_lane.get(gen, 0) * width or None, f"PCIe gen {gen} x{width} (NVML)"
     except Exception as exc:  # NVML absent or failing: say so instead of guessing
