@@ -8,7 +8,6 @@ torch and transformers are imported inside the commands, so `llmlab --help` stay
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import sys
 from datetime import datetime, timezone
@@ -41,7 +40,8 @@ DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="auto | cpu | cud
 GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="GPU index: --gpu N is --device cuda:N.", rich_help_panel=COMMON, show_default=False)]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Small sweeps: seconds on a 2-core CPU (what tests and CI run).", rich_help_panel=COMMON)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only the JSON result on stdout.", rich_help_panel=COMMON)]
-OutOpt = Annotated[Path, typer.Option("--out", help="Folder for results (<out>/<lab>/<stamp>-<device>.json + CSVs).", rich_help_panel=COMMON)]
+OutOpt = Annotated[str, typer.Option("--out", help="Folder for results (<out>/<lab>/<stamp>-<device>.json + CSVs).", rich_help_panel=COMMON)]
+TablesOpt = Annotated[str, typer.Option("--tables", help="report: the compact report | all: also every table in full.", rich_help_panel=COMMON)]
 NoSaveOpt = Annotated[bool, typer.Option("--no-save", help="Do not write results.", rich_help_panel=COMMON)]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for torch, random and numpy.", rich_help_panel=COMMON)]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="tiny | tiny-draft | a Hugging Face id or local path | arch:NAME (random weights: timing only).")]
@@ -53,9 +53,16 @@ class Common:
     gpu: int | None = None
     quick: bool = False
     json: bool = False
-    out: Path = Path("results")
+    out: Path | str = Path("results")
     no_save: bool = False
     seed: int = 0
+    tables: str = "report"
+
+
+def _check_tables(tables: str) -> str:
+    if tables not in ("report", "all"):
+        raise UsageError(f"--tables must be 'report' or 'all', got {tables!r}")
+    return tables
 
 
 def run_lab(lab: str, common: Common, **overrides) -> None:
@@ -65,8 +72,11 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
     from llmlab.core.device import device_card, resolve_device
     from llmlab.core.results import check_writable, command_line, utc_stamp
     from llmlab.core.telemetry import Telemetry
+    from llmlab.labs import judged
+    from llmlab.labs import module as lab_module
 
-    module = importlib.import_module(f"llmlab.labs.{lab.replace('-', '_')}")
+    module = lab_module(lab)
+    _check_tables(common.tables)
     device = resolve_device(common.device, common.gpu)
     if not common.no_save:
         check_writable(common.out)
@@ -96,14 +106,16 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         "telemetry": tel.summary(),
         **result.env,
     }
+    result.claims, views, headline = judged(result, module)
+    result.judge_version = getattr(module, "JUDGE_VERSION", 0)
+    path = None if common.no_save else result.save(common.out, device.slug())  # saved first: nothing lost if rendering fails
     if common.json:
         sys.stdout.write(result.to_json() + "\n")
     else:
         from llmlab.core.render import render
 
-        render(result, out)
-    if not common.no_save:
-        path = result.save(common.out, device.slug())
+        render(result, out, views=views, headline=headline, tables=common.tables, saved=path)
+    if path is not None:
         err.print(f"[dim]saved {path}[/]")
     if result.interrupted:
         raise typer.Exit(130)
@@ -228,6 +240,42 @@ def generate_(
     err.print(f"[dim]{lm.ref}: {n} tokens in {dt:.2f} s ({1000 * dt / max(n, 1):.1f} ms/token, prefill included)[/]")
 
 
+@app.command("show", rich_help_panel=TOOLS)
+def show(
+    path: Annotated[Path, typer.Argument(help="A saved result: results/<lab>/<stamp>-<device>.json.", show_default=False)],
+    tables: TablesOpt = "report",
+    json_: JsonOpt = False,
+) -> None:
+    """Re-render a saved run and re-judge it with the lab's current judge (says when the verdicts or the judge changed)."""
+    from llmlab.core.render import render
+    from llmlab.core.results import LabResult
+    from llmlab.labs import judged, module
+
+    _check_tables(tables)
+    try:
+        result = LabResult.from_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not an llmlab result ({exc})") from None
+    try:
+        mod = module(result.lab)
+    except ModuleNotFoundError:
+        raise UsageError(f"{path}: lab '{result.lab}' is not part of this llmlab") from None
+    saved = {c.id: c.verdict for c in result.claims}
+    result.claims, views, headline = judged(result, mod)
+    now = getattr(mod, "JUDGE_VERSION", 0)
+    if result.judge_version != now:
+        err.print(f"[yellow]judged again with judge v{now}; this file was judged with v{result.judge_version}[/]")
+    changed = [f"{c.id}: {saved[c.id]} -> {c.verdict}" for c in result.claims if c.id in saved and saved[c.id] != c.verdict]
+    for line in changed:
+        err.print(f"[yellow]verdict changed since saved: {line}[/]")
+    if json_:
+        sys.stdout.write(result.to_json() + "\n")
+        return
+    render(result, out, views=views, headline=headline, tables=tables, saved=path)
+
+
 tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
 app.add_typer(tiny_app, name="tiny", rich_help_panel=TOOLS)
 
@@ -315,13 +363,13 @@ def gpu_parallelism(
     max_threads: Annotated[Optional[int], typer.Option(help="Top of the CPU thread sweep (default: every usable CPU).", show_default=False)] = None,
     conv_batch: Annotated[Optional[int], typer.Option(help="AlexNet conv1 batch size (default 128; 8 with --quick).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """See parallelism: the same work as a Python loop, on 1..N CPU threads, and on the GPU.
 
     A CPU has a handful of strong cores; a GPU thousands of simple ones in SMs, plus tensor cores for matmuls. This lab times an FMA, a reduction and a matmul at growing sizes four ways and finds where the GPU starts to win (below it, launch and copy overhead dominate); it shows the CPU's thread scaling against ideal, the wave-quantization saw-tooth around the SM count, FP32 vs TF32/BF16/FP16 (and whether the CPU has AMX), B small matmuls vs one bmm, AlexNet's conv1 at batch 128, and host<->device copy bandwidth. Without a GPU the GPU parts say "not measured: no GPU".
     """
-    run_lab("gpu-parallelism", Common(device, gpu, quick, json_, out, no_save, seed),
+    run_lab("gpu-parallelism", Common(device, gpu, quick, json_, out, no_save, seed, tables),
             parts=tuple(only) if only else None, max_threads=max_threads, conv_batch=conv_batch)
 
 
@@ -330,13 +378,13 @@ def roofline(
     model: ModelOpt = "tiny",
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Compute dtype of the intensity sweep and the model overlay: auto (float32 on a CPU, bfloat16 on a GPU) | float32 | bfloat16 | float16.", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """The two speed limits, measured: memory bandwidth and matmul compute, and where LLM work sits between them.
 
     Every processor has two roofs: how many bytes per second it can move and how many FLOPs per second it can do. Arithmetic intensity (FLOPs per byte moved) decides which one binds: below the ridge point (peak FLOP/s / bandwidth) a kernel waits on memory, above it on the math units. This lab measures both roofs on your device (STREAM-style read/write/copy/triad over buffers 8x the last-level cache, with a size sweep that shows each cache level; matmul FLOP/s over a set of aligned shapes with the cache flushed), compares them with the spec sheet, then sweeps a GEMM from M=1 (a matrix-vector product: ~0.5 FLOP/byte in FP32) to M=4096 and watches it climb the roofline. Finally it places --model's per-layer matmuls of prefill and decode on that roofline and times the real decode step at growing batch: at batch 1 decode reads every weight to do 2 FLOPs with it, so it uses a few percent of peak compute, and batch size is the lever that moves it toward the ridge.
     """
-    run_lab("roofline", Common(device, gpu, quick, json_, out, no_save, seed), model=model, dtype=dtype)
+    run_lab("roofline", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, dtype=dtype)
 
 
 @app.command("kvcache-growth", rich_help_panel=LABS)
@@ -344,13 +392,13 @@ def kvcache_growth(
     model: ModelOpt = "tiny",
     cache_dtype: Annotated[Optional[str], typer.Option("--cache-dtype", help="Cache dtype of the registry table: fp32 | fp16 | bf16 | fp8 | int4-g64 | int4-g32 (4-bit + one FP16 scale per 64 / 32 values). Default bf16.", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """Watch the KV cache grow: its bytes against the formula, GQA vs MHA, and the quadratic trap without it.
 
     Every token leaves a key and a value per layer and KV head in the cache: 2 x layers x kv_heads x head_dim x bytes per token (Llama-2-7B: 512 KiB in BF16; Llama-3-8B, with 4 query heads sharing each KV head: 128 KiB). This lab grows a real cache (batch x length), sums its tensors and checks them byte for byte against that formula (and the sliding window of Mistral); compares the registry models (GiB at 4k/32k/128k, tokens and requests that fit after the weights, as vLLM reports them); and generates with and without the cache, fitting total time vs n: without it every token recomputes the whole prefix, so the total grows as n^2.
     """
-    run_lab("kvcache-growth", Common(device, gpu, quick, json_, out, no_save, seed), model=model, cache_dtype=cache_dtype)
+    run_lab("kvcache-growth", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, cache_dtype=cache_dtype)
 
 
 @app.command("samplers", rich_help_panel=LABS)
@@ -364,13 +412,13 @@ def samplers(
     samples: Annotated[Optional[int], typer.Option(help="Continuations per strategy for the quality table. Default 8.", show_default=False)] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens per continuation. Default 40.", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """One distribution, four fates: greedy, temperature, top-k, top-p and min-p on a real next-token distribution, and what each costs.
 
     The model scores every token of its vocabulary (4,096 for tiny, 128,256 for Llama 3); a sampler turns the scores into one token. Greedy takes the argmax; temperature reshapes the softmax; top-k keeps a fixed number of tokens, top-p the smallest set holding p of the mass, min-p every token at least min_p times as likely as the best. The lab shows what each keeps of the model's real distribution (bar charts), how many tokens each keeps when the model is sure or unsure, what the text looks like (distinct-n, repetition, log-probability, entropy; a temperature sweep), and the latency of one sampling step, ours and Hugging Face's, at vocabularies up to 151,936 and batches up to 128: top-p sorts the vocabulary, greedy reads it once ("top-p costs 9x greedy": reproduce or refute). A sorting-free top-p (FlashInfer's dual-pivot rejection, in torch) is checked to sample the same distribution (chi-square) and timed against the sort.
     """
-    run_lab("samplers", Common(device, gpu, quick, json_, out, no_save, seed), model=model, prompt=prompt, temperature=temperature,
+    run_lab("samplers", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, prompt=prompt, temperature=temperature,
             top_k=top_k, top_p=top_p, min_p=min_p, samples=samples, max_new_tokens=max_new_tokens)
 
 
@@ -385,13 +433,13 @@ def ttft_breakdown(
     cold_starts: Annotated[Optional[int], typer.Option(help="Cold starts in fresh processes (0 = skip). Default 3 (1 with --quick).", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads. Default: torch's, or 1 when the CPU is oversubscribed (load average >= cores).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """Where time to first token goes: queueing, cold start, prompt length (prefill), RAG. Also: llmlab ttft.
 
     Two chatbots can take the same 4 s per answer and one feels snappy: its first word arrives in 200 ms. TTFT hides four layers. This lab serves streaming requests with one real worker and stamps every phase (template + tokenize, queue wait, prefill forward, first sample + detokenize, then each decode step), checks that the phases add up to the TTFT the client measured and reports the harness's own remainder; starts the model in a fresh process (interpreter, imports, weights, device, first forward) against the same request warm; sweeps the prompt from 16 tokens to --prompt-len and fits a + bT + cT^2 (where attention's T^2 takes over); sends Poisson arrivals at rising utilisation and a burst to one first-come-first-served worker and sets the queue waits (p50/p90/p99) beside M/D/1; and adds a real BM25 retrieval over the built-in corpus (RAG) next to the plain chat. Metrics follow vLLM's benchmark (TTFT, TPOT = (E2E - TTFT)/(n - 1), ITL, E2E), with how GenAI-Perf, llmperf and guidellm define theirs; the diagnosis names the layer that dominates this run.
     """
-    run_lab("ttft-breakdown", Common(device, gpu, quick, json_, out, no_save, seed), prompt_len=prompt_len, model=model,
+    run_lab("ttft-breakdown", Common(device, gpu, quick, json_, out, no_save, seed, tables), prompt_len=prompt_len, model=model,
             rates=tuple(rate) if rate else None, utilizations=tuple(utilization) if utilization else None,
             requests_per_rate=requests, burst=burst, new_tokens=new_tokens, cold_starts=cold_starts, threads=threads)
 
@@ -407,13 +455,13 @@ def speculative(
     gamma: Annotated[Optional[int], typer.Option("--gamma", help="Tokens drafted per round (>= 1). Default 4.", show_default=False)] = None,
     temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature of the main comparison (>= 0; 0 = greedy, the default).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """Speculative decoding: a small draft guesses gamma tokens, the target checks them all in one forward, and the output stays exactly the target's.
 
     Decoding is one target forward per token. A draft ~5x cheaper proposes gamma tokens; the target scores all gamma + 1 positions at once, keeps the longest accepted prefix plus one token of its own, and the caches are cropped past the first rejection. Greedy: accept while the draft equals the target's argmax. Sampling: accept a token with probability min(1, p/q) and at the first rejection draw from norm(max(0, p - q)) (Leviathan et al., Chen et al.), which makes the output distributed exactly as the target's. This lab proves that (greedy token-for-token identity, a chi-square test against the target's exact law), then measures tokens/s of plain decoding (our loop, HF generate) and speculative decoding (ours, HF assisted generation with the same draft and gamma), the acceptance rate alpha, tokens per round tau, beta = sum min(p, q), the draft/target cost ratio c, and sets Leviathan's predicted speed-up (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) beside the measured one; then sweeps gamma 1..8 and temperature, compares draft-length policies (constant, +2/-1, confidence, oracle), a token tree verified in one forward with a tree attention mask, and batch sizes.
     """
-    run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed), model=model, draft=draft, gamma=gamma,
+    run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, draft=draft, gamma=gamma,
             temperature=temperature)
 
 

@@ -315,8 +315,9 @@ def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progre
         t = tel.summary()
         for r in part:
             if t.get("source") == "nvml":
-                r.update(sm_clock_mhz=t["sm_clock_mhz"]["median"], power_w=t["power_w"]["median"],
-                         temp_c=t["temp_c"]["max"], throttle=",".join(t["throttle_reasons"]) or "none")
+                r.update(sm_clock_mhz=(t["sm_clock_mhz"] or {}).get("median"), power_w=(t["power_w"] or {}).get("median"),
+                         temp_c=(t["temp_c"] or {}).get("max"),  # None: a field NVML does not report here (MIG, no sensor)
+                         throttle="unknown" if t["throttle_reasons"] is None else ",".join(t["throttle_reasons"]) or "none")
             else:
                 r.update(cpu_utilisation_cores=t.get("cpu_utilisation_cores"), loadavg_1m=t.get("loadavg_1m"))
         rows += part
