@@ -217,7 +217,7 @@ def test_judge_sliding_window_holds_and_fails():
     assert find(kv.judge(_result(sliding_window=rows)), "kvcache_growth.sliding_window_caps").holds is True
     rows[-1].update(cached_tokens=16, measured_bytes=160)  # the cache kept growing past the window
     c = find(kv.judge(_result(sliding_window=rows)), "kvcache_growth.sliding_window_caps")
-    assert c.holds is False and "at most 16 tokens" in c.measured
+    assert c.holds is False and c.measured == "<= 16 tokens to length 16; 3/4 rows exact"
 
 
 def test_judge_allocator_holds_fails_and_is_not_measured_without_a_gpu():
@@ -286,3 +286,22 @@ def test_bad_input_exits_2_with_one_line(args):
     assert p.returncode == 2
     errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in p.stderr
+
+
+def test_trap_times_through_core_interleaved(tiny, monkeypatch):
+    """Issue 12 item 26: the trap's timing is core.timing.interleaved (the lab's private loop is gone)."""
+    import llmlab.core.timing as timing
+
+    calls = []
+    real = timing.interleaved
+
+    def spy(fns, repeats, device, **kw):
+        calls.append((list(fns), repeats, sorted(kw)))
+        return real(fns, repeats, device, **kw)
+
+    monkeypatch.setattr(timing, "interleaved", spy)
+    t = kv.trap(tiny, Device("cpu"), _cfg(gen_tokens=8, gen_repeats=2, trap_budget_s=60.0))
+    assert calls == [(["without cache", "with cache"], 2, ["first", "rounds"])]
+    assert t["n_tokens"] == 8 and t["tokens_match"] == 8
+    for m in t["modes"].values():
+        assert m["runs"].shape == (2, 8) and m["total_stats"].n == 2

@@ -35,7 +35,7 @@ import numpy as np
 
 from llmlab.core.device import Device, is_oom
 from llmlab.core.render import track
-from llmlab.core.results import Chart, Claim, Col, LabResult, View
+from llmlab.core.results import Claim, Col, LabResult, View
 from llmlab.core.timing import Stopwatch
 
 LAB = "kvcache-growth"
@@ -541,25 +541,32 @@ def is_quadratic(fit: dict) -> bool:
 
 
 def trap(model, device: Device, cfg: Config, progress=None) -> dict:
-    """Time both loops `gen_repeats` times; per-step medians, cumulative totals, fits."""
-    from llmlab.core.timing import summarize
+    """Time both loops `gen_repeats` times, interleaved (core.timing.interleaved); per-step medians, totals, fits.
+
+    The untimed first pass runs the no-cache loop under its time budget: the tokens it reaches set n
+    for every timed run (a slow or busy CPU gets fewer tokens, never a longer lab).
+    """
+    from llmlab.core.timing import interleaved
 
     ids = _random_ids(model.config.vocab_size, 1, cfg.gen_prompt, cfg.seed, device.torch)
-    loops = {"with cache": generate_with_cache, "without cache": generate_without_cache}
-    for fn in loops.values():  # warm-up: allocator, kernels, first-call paths
-        fn(model, ids, 4, device.synchronize)
-    steps, tokens, totals = {}, {}, {}
+    loops = {"without cache": generate_without_cache, "with cache": generate_with_cache}
     n_tokens = cfg.gen_tokens
-    runs = [(m, f) for _ in range(cfg.gen_repeats) for m, f in reversed(loops.items())]  # interleaved: load drifts hit both
-    for i, (mode, fn) in enumerate(track(progress, runs, "quadratic trap: generate with / without cache")):
-        if i == 0:  # the first no-cache run sets n within the time budget; every other run generates that n
-            toks, times = fn(model, ids, n_tokens, device.synchronize, max_s=cfg.trap_budget_s / cfg.gen_repeats)
-            n_tokens = len(times)
-        else:
-            toks, times = fn(model, ids, n_tokens, device.synchronize)
-        steps.setdefault(mode, []).append(times)
-        tokens.setdefault(mode, toks)
-        totals.setdefault(mode, []).append(sum(times) * 1e3)
+    results: dict[str, list] = {mode: [] for mode in loops}  # mode -> [(tokens, step seconds)] per timed run
+
+    def probe():
+        nonlocal n_tokens
+        _, times = generate_without_cache(model, ids, cfg.gen_tokens, device.synchronize, max_s=cfg.trap_budget_s / cfg.gen_repeats)
+        n_tokens = len(times)
+
+    def timed(mode):
+        return lambda: results[mode].append(loops[mode](model, ids, n_tokens, device.synchronize))
+
+    it = interleaved({mode: timed(mode) for mode in loops}, cfg.gen_repeats, device,
+                     first={"without cache": probe, "with cache": lambda: generate_with_cache(model, ids, 4, device.synchronize)},
+                     rounds=lambda r: track(progress, list(r), "quadratic trap: generate with / without cache"))
+    steps = {mode: [times for _, times in runs] for mode, runs in results.items()}
+    tokens = {mode: runs[0][0] for mode, runs in results.items()}
+    totals = {mode: it.stats(mode) for mode in loops}  # wall time of each whole run, ms
     out = {"tokens_match": int((tokens["with cache"] == tokens["without cache"]).all(dim=0).sum()), "n_tokens": n_tokens,
            "modes": {}}
     for mode, runs in steps.items():
@@ -570,7 +577,7 @@ def trap(model, device: Device, cfg: Config, progress=None) -> dict:
         slope = np.polyfit(context, per_step * 1e3, 1)
         out["modes"][mode] = dict(per_step_s=per_step, runs=np.array(runs), n=n, total_s=total, context=context,
                                   fit=fit_growth(n.astype(float), total), step_slope_ms_per_ktok=slope[0] * 1e3,
-                                  total_stats=summarize(totals[mode]))
+                                  total_stats=totals[mode])
     return out
 
 
@@ -640,7 +647,7 @@ def part_real_cache(res: LabResult, model, device: Device, cfg: Config, weights_
     if device.is_cuda:
         res.add_table("allocator", allocator_rows(model, device, cfg))
     else:
-        res.skip("allocator", "no GPU: the allocator's view needs torch.cuda.memory_allocated")
+        res.skip("allocator", "no GPU (needs torch.cuda.memory_allocated)")
 
 
 def part_registry(res: LabResult, model, device: Device, cfg: Config, progress) -> None:
@@ -712,7 +719,7 @@ def _judge_bytes(df) -> Claim:
     worst = float((df["measured_bytes"] / df["formula_bytes"] - 1).abs().max())
     per_tok = df["formula_bytes"].iloc[0] / (df["batch"].iloc[0] * df["cached_tokens"].iloc[0])
     return Claim("kvcache_growth.bytes_match_formula", "measured cache bytes equal the formula at every length",
-                 f"2 x layers x kv_heads x head_dim x bytes = {per_tok:.0f} B/token",
+                 f"2 x layers x kv_heads x head_dim x bytes = {per_tok:.0f} B/tok",
                  f"{n_match}/{len(df)} rows exact (worst off by {worst:.2g})", n_match == len(df))
 
 
@@ -741,14 +748,14 @@ def _judge_window(sw) -> Claim:
     ok = (sw["cached_tokens"] == sw["formula_tokens"]) & (sw["measured_bytes"] == sw["formula_bytes"])
     capped = int(sw["cached_tokens"].max())
     return Claim("kvcache_growth.sliding_window_caps", "a sliding window caps the cache (Mistral skeleton)",
-                 f"min(length, window - 1 = {w - 1}) tokens (HF keeps window - 1)",
-                 f"at most {capped} tokens up to length {int(sw['seq_len'].max())}; {int(ok.sum())}/{len(sw)} rows exact",
+                 f"min(length, window - 1 = {w - 1}) tokens (HF's rule)",
+                 f"<= {capped} tokens to length {int(sw['seq_len'].max())}; {int(ok.sum())}/{len(sw)} rows exact",
                  bool(ok.all()))
 
 
 def _judge_allocator(alloc, why: str) -> Claim:
-    cid, text = "kvcache_growth.dynamic_cache_copies", "a growing DynamicCache copies itself each step; a static one not"
-    expected = "dynamic step peak above the cache > static's"
+    cid, text = "kvcache_growth.dynamic_cache_copies", "a DynamicCache copies itself each step; a StaticCache not"
+    expected = "dynamic step peak > static's"
     if alloc is None or alloc.empty:
         return Claim(cid, text, expected, "-", None, note=f"not measured: {why or 'no allocator rows'}")
     ok = alloc[~alloc["oom"].astype(bool)]
@@ -775,12 +782,11 @@ def _judge_trap(fits) -> list[Claim]:
     nc, wc = f.loc["without cache"], f.loc["with cache"]
     n = int(nc["n_max"])
     text = "without a cache, total generation time grows quadratically"
-    expected = "T(n) = a n^2 + b n + c: a > 0, parabola's residual <= half the line's"
-    measured = (f"a = {nc['quad_a_s_per_tok2'] * 1e6:.1f} us/tok^2, residual {nc['quad_ssr'] / nc['lin_ssr']:.2f}x the line's;"
-                f" {nc['step_ms_first']:.1f} -> {nc['step_ms_last']:.1f} ms/token over {n} tokens")
+    expected = "a n^2 + b n + c: a > 0, residual <= 0.5x a line's"
+    measured = f"a = {nc['quad_a_s_per_tok2'] * 1e6:.1f} us/tok^2, residual {nc['quad_ssr'] / nc['lin_ssr']:.2f}x; {n} tokens"
     if n < MIN_FIT_TOKENS:
         quad = Claim("kvcache_growth.no_cache_quadratic", text, expected, measured, None,
-                     note=f"not measured: {n} tokens (< {MIN_FIT_TOKENS}) cannot tell n^2 from n; the time budget cut it")
+                     note=f"not measured: {n} tokens (< {MIN_FIT_TOKENS}) cannot tell n^2 from n (time budget)")
     else:
         quad = Claim("kvcache_growth.no_cache_quadratic", text, expected, measured,
                      bool(nc["quad_a_s_per_tok2"] > 0 and nc["quad_ssr"] <= 0.5 * nc["lin_ssr"]))
@@ -828,23 +834,56 @@ def views(result: LabResult) -> list[View]:
              "registry", (Col("model", "model", "text", 13), Col("attention", "attention", "text"),
                           Col("measured_bf16_KiB_per_token", "KiB / token", ".0f"), Col(f"GiB_at_{_k(big)}", f"GiB at {_k(big)}", ".1f"),
                           Col("cache_outweighs_weights_at_tokens", "= weights at tokens", "int"),
-                          Col("max_concurrency", "requests here", ".1f")),
-             chart=Chart("KV cache of one request vs context (GiB, log-log)", "kv_by_length", "context", "GiB", kind="line",
-                         series="model", logx=True, logy=True, xlabel="context (tokens)", ylabel="GiB")),
+                          Col("max_concurrency", "requests here", ".1f"))),
         View("5. Cache dtypes", "Bytes per token of Llama 3 8B's cache in each storage format", "cache_dtypes",
              (Col("cache_dtype", "cache dtype", "text"), Col("bytes_per_value", "bytes / value", ".4g"),
               Col("scale_overhead_pct", "scales %", ".2f"), Col("KiB_per_token", "KiB / token", ".1f")),
              rows=lambda d: d[d["model"] == "llama-3-8b"].drop_duplicates("cache_dtype")),
         View("6. The quadratic trap", "Generating without a cache: does total time grow as n^2?", "generation_fits",
              (Col("mode", "mode", "text"), Col("n_max", "tokens", "int"), Col("step_ms_first", "first ms/tok", ".1f"),
-              Col("step_ms_last", "last ms/tok", ".1f"), Col("total_median_s", "total s", ".2f"), Col("quad_r2", "R^2 n^2 fit", ".4f")),
-             chart=Chart("total time vs tokens generated", "generation_totals", "n_tokens", "total_s", kind="line",
-                         series="mode", xlabel="tokens generated", ylabel="total s")),
+              Col("step_ms_last", "last ms/tok", ".1f"), Col("total_median_s", "total s", ".2f"), Col("quad_r2", "R^2 n^2 fit", ".4f"))),
     ]
 
 
 def _real_rows(df):
-    """Dynamic rows at each batch's lengths, then the static cache's last row (it is full from the start)."""
+    """Dynamic rows past one token, then the static cache's last row (it is full from the start)."""
     import pandas as pd
 
-    return pd.concat([df[df["cache"] == "dynamic"], df[df["cache"] == "static"].tail(1)])
+    dyn = df[(df["cache"] == "dynamic") & (df["seq_len"] > 1)]
+    return pd.concat([dyn, df[df["cache"] == "static"].tail(1)])
+
+
+def figures(result: LabResult) -> list:
+    """The HTML report's plot: KV bytes of one request vs context length, one line per architecture."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    df = result.tables.get("kv_by_length")
+    if df is None or df.empty:
+        return figs
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for model, g in df.groupby("model", sort=False):
+        ax.plot(g["context"], g["GiB"], marker="o", markersize=3, label=model)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("KV cache, one request (GiB)")
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    figs.append(("KV cache bytes vs context length per architecture (BF16, measured bytes per token; Mistral capped by its window)", fig))
+    tot = result.tables.get("generation_totals")
+    if tot is not None and not tot.empty:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for mode, g in tot.groupby("mode", sort=False):
+            ax.plot(g["n_tokens"], g["total_s"], marker="o", markersize=3, label=f"{mode} (measured)")
+            ax.plot(g["n_tokens"], g["fit_quadratic_s"], linestyle=":", color="0.4")
+        ax.set_xlabel("tokens generated")
+        ax.set_ylabel("total time (s)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        figs.append(("The quadratic trap: total generation time with and without the cache (dotted: the n^2 fit)", fig))
+    return figs

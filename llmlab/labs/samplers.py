@@ -389,7 +389,7 @@ def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits:
     rows, started = [], time.perf_counter()
     for V, B in track(progress, cells, "latency: vocab x batch"):
         if time.perf_counter() - started > cfg.latency_budget_s:
-            res.note(f"latency sweep stopped before V={V:,}, B={B} (past its {cfg.latency_budget_s:.0f} s budget): the rows so far are kept")
+            res.note(f"latency sweep stopped before V={V:,}, B={B} (its {cfg.latency_budget_s:.0f} s budget)")
             break
         x = torch.randn(B, V, generator=gen, device=device.torch) * scale  # (B, V)
         cell = []
@@ -416,10 +416,8 @@ def note_busy_cpu(res: LabResult, device: Device) -> None:
     load, cores = cpu_load()
     threads = torch.get_num_threads()
     if not device.is_cuda and load is not None and load > cores:
-        why = ("each timing includes time spent waiting for a core" if threads == 1 else
-               "a multi-threaded op then waits for descheduled workers (ms, not us), so small cells read high; "
-               "OMP_NUM_THREADS=1 gives steadier numbers")
-        res.note(f"the CPU was busy: load {load:.1f} on {cores} cores, torch on {threads} thread(s): {why}")
+        why = "timings include waiting for a core" if threads == 1 else "threaded ops wait for workers (OMP_NUM_THREADS=1 is steadier)"
+        res.note(f"CPU busy: load {load:.1f} on {cores} cores, {threads} torch thread(s): {why}")
 
 
 @torch.inference_mode()
@@ -483,7 +481,7 @@ def _judge_min_p(df, top_k: int) -> Claim:
     q = confidence_quarters(df).set_index("quarter")
     unsure, sure = q.loc["least sure", "kept_min_p"], q.loc["most sure", "kept_min_p"]
     return Claim("samplers.min_p_adapts", "min-p keeps more tokens when the model is unsure",
-                 "Spearman rho(top p, kept) < -0.5; least sure quarter keeps more",
+                 "rho(top p, kept) < -0.5; unsure keeps more",
                  f"rho {rho:.2f} over {len(df)} positions; kept {unsure:.0f} vs {sure:.0f}",
                  bool(rho < -0.5 and unsure > sure), note=f"top-k keeps {top_k} at every position by design")
 
@@ -493,8 +491,8 @@ def _judge_parity(df) -> Claim:
     total = int(df["rows"].sum())
     diff = float(df["max_abs_logit_diff"].max())
     return Claim("samplers.hf_parity", "our processors keep exactly HF's tokens (real logits)",
-                 f"same kept set in every row, kept logits within {PARITY_TOL:g}",
-                 f"{same}/{total} rows same set over {len(df)} processors; max diff {diff:.1g}",
+                 f"same kept set, logits within {PARITY_TOL:g}",
+                 f"{same}/{total} rows ({len(df)} processors), max diff {diff:.1g}",
                  bool(same == total and diff <= PARITY_TOL))
 
 
@@ -526,8 +524,8 @@ def _judge_nine_x(df) -> Claim:
     ratio = _ms(df, V, B, "top_p", "hf+multinomial") / greedy
     ours = _ms(df, V, B, "top_p", "ours sorting-free") / greedy
     return Claim("samplers.top_p_cost_vs_greedy", "top-p costs about 9x greedy",
-                 f"~{ARTICLE_RATIO:.0f}x, within 2x either way (a sort ~ log2 V = {math.log2(V):.0f} passes)",
-                 f"HF top-p {ratio:.1f}x argmax at V={V:,}, B={B}; sorting-free {ours:.1f}x",
+                 f"~{ARTICLE_RATIO:.0f}x, within 2x (sort ~ {math.log2(V):.0f} passes)",
+                 f"HF top-p {ratio:.1f}x argmax (V={V:,}, B={B}); ours {ours:.1f}x",
                  bool(ARTICLE_RATIO / 2 <= ratio <= ARTICLE_RATIO * 2),
                  note="the ratio depends on the device: a GPU sort is relatively cheaper")
 
@@ -537,8 +535,8 @@ def _judge_faster(df) -> Claim:
     ours = _ms(df, V, B, "top_p", "ours sorting-free")
     vs_hf, vs_sort = _ms(df, V, B, "top_p", "hf+multinomial") / ours, _ms(df, V, B, "top_p", "ours+race") / ours
     return Claim("samplers.sorting_free_faster", "sorting-free top-p is faster than a sort-based one",
-                 "> 1x HF top-p + multinomial and > 1x our sort-based top-p",
-                 f"{vs_hf:.1f}x HF, {vs_sort:.1f}x ours sorted, at V={V:,}, B={B}", bool(vs_hf > 1 and vs_sort > 1))
+                 "> 1x both",
+                 f"{vs_hf:.1f}x HF, {vs_sort:.1f}x our sorted (V={V:,}, B={B})", bool(vs_hf > 1 and vs_sort > 1))
 
 
 def _judge_goal(df) -> Claim:
@@ -548,17 +546,16 @@ def _judge_goal(df) -> Claim:
     text = f"sorting-free top-p >= {goal}x HF at V=128,256, B=32 ({kind.upper()})"
     if math.isnan(hf) or math.isnan(ours):
         return Claim("samplers.sorting_free_goal", text, "issue 7's performance goal", "-", None,
-                     note="not measured: V=128,256, B=32 is not in this run's grid (--quick); the full run has it")
+                     note="not measured: V=128,256, B=32 is not in this run's grid (the full run has it)")
     return Claim("samplers.sorting_free_goal", text, "issue 7's performance goal", f"{hf / ours:.2f}x ({hf:.1f} vs {ours:.1f} ms)",
                  bool(hf / ours >= goal))
 
 
 def _judge_share(df) -> Claim:
     worst = df.loc[df["sampler_share"].idxmax()]
-    return Claim("samplers.sampler_small_share", "at the model's own vocabulary the sampler is a small part of a step",
-                 f"< {SHARE_MAX:.0%} of a batch-1 decode step (V = {int(worst['vocab']):,} logits vs "
-                 f"{worst['n_params'] / 1e6:.0f} M weights)",
-                 f"worst {worst['strategy']} {worst['impl']}: {worst['sampler_ms']:.3f} ms of {worst['forward_ms']:.2f} ms "
+    return Claim("samplers.sampler_small_share", "the sampler is a small part of a decode step (own vocab)",
+                 f"< {SHARE_MAX:.0%} at B=1, V={int(worst['vocab']):,}",
+                 f"{worst['strategy']} {worst['impl']} {worst['sampler_ms']:.2f} of {worst['forward_ms']:.1f} ms "
                  f"= {worst['sampler_share']:.1%}", bool(worst["sampler_share"] < SHARE_MAX))
 
 
@@ -573,8 +570,13 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
     if "latency" in T and not T["latency"].empty:
         lat = T["latency"]
         V, B = headline_cell(lat)
-        parts.append(f"At V={V:,}, B={B} HF top-p costs {_ms(lat, V, B, 'top_p', 'hf+multinomial') / _ms(lat, V, B, 'greedy', 'argmax'):.1f}x "
-                     f"greedy here; sorting-free top-p {_ms(lat, V, B, 'top_p', 'ours sorting-free') / _ms(lat, V, B, 'greedy', 'argmax'):.1f}x.")
+        greedy = _ms(lat, V, B, "greedy", "argmax")
+        ratio = _ms(lat, V, B, "top_p", "hf+multinomial") / greedy
+        parts.append(f"At V={V:,}, B={B} HF top-p costs {ratio:.1f}x greedy here; sorting-free top-p "
+                     f"{_ms(lat, V, B, 'top_p', 'ours sorting-free') / greedy:.1f}x.")
+        if ratio > 2 * ARTICLE_RATIO and lat["device"].iloc[0] == "cpu":
+            parts.append("Far above the article's 9x: a CPU sort is ~log2 V passes of branchy compares, "
+                         "the 9x is a GPU figure.")
     return " ".join(parts)
 
 
