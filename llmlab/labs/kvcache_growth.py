@@ -809,8 +809,12 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
     if "generation_fits" in T:
         nc = T["generation_fits"].set_index("mode").loc["without cache"]
         wc = T["generation_fits"].set_index("mode").loc["with cache"]
-        parts.append(f"Without it each token recomputes the prefix: {nc['step_ms_first']:.1f} -> {nc['step_ms_last']:.1f} ms "
-                     f"per token vs {wc['step_ms_last']:.1f} ms with it.")
+        if nc["n_max"] < MIN_FIT_TOKENS:
+            parts.append(f"The quadratic trap reached only {int(nc['n_max'])} tokens in its time budget (a slow or busy CPU): "
+                         "too few to judge.")
+        else:
+            parts.append(f"Without it each token recomputes the prefix: {nc['step_ms_first']:.1f} -> {nc['step_ms_last']:.1f} ms "
+                         f"per token vs {wc['step_ms_last']:.1f} ms with it.")
     return " ".join(parts)
 
 
