@@ -106,7 +106,12 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         "telemetry": tel.summary(),
         **result.env,
     }
-    result.claims, views, headline = judged(result, module)
+    try:
+        result.claims, views, headline = judged(result, module)
+    except Exception:  # a judge bug must not lose the measurement: save it unjudged, then fail loudly
+        if not common.no_save:
+            err.print(f"[yellow]judge failed: saved the unjudged result as {result.save(common.out, device.slug())}[/]")
+        raise
     result.judge_version = getattr(module, "JUDGE_VERSION", 0)
     path = None if common.no_save else result.save(common.out, device.slug())  # saved first: nothing lost if rendering fails
     if common.json:
@@ -274,6 +279,23 @@ def show(
         sys.stdout.write(result.to_json() + "\n")
         return
     render(result, out, views=views, headline=headline, tables=tables, saved=path)
+
+
+@app.command("serve", rich_help_panel=TOOLS)
+def serve_(
+    model: ModelOpt = "tiny",
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
+    device: DeviceOpt = "auto",
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences in one step's batch.")] = 64,
+    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1, help="KV cache pool, in blocks of 16 tokens.")] = 1024,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one step (longer prompts are chunked).")] = 512,
+    no_prefix_cache: Annotated[bool, typer.Option("--no-prefix-cache", help="Switch the prefix cache off.")] = False,
+) -> None:
+    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics) over llmlab's paged, continuously batching engine."""
+    from llmlab.serving.server import serve
+
+    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens, log=err.print)
 
 
 tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
@@ -463,6 +485,122 @@ def speculative(
     """
     run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, draft=draft, gamma=gamma,
             temperature=temperature)
+
+
+@app.command("train-vs-infer", rich_help_panel=LABS)
+def train_vs_infer(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Models to measure (repeatable): tiny | arch:NAME (cut to --arch-layers, random weights) | a Hugging Face id. Default: tiny and arch:qwen2.5-0.5b (tiny only with --quick).", show_default=False)] = None,
+    batch: Annotated[Optional[int], typer.Option(help="Sequences per step (>= 1).", show_default=False)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence (>= 8).", show_default=False)] = None,
+    gen_tokens: Annotated[Optional[int], typer.Option("--gen-tokens", help="Tokens of conversation generated before checking that nothing changed (>= 16).", show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="AdamW learning rate of the one training step on that conversation (> 0).", show_default=False)] = None,
+    arch_layers: Annotated[Optional[int], typer.Option("--arch-layers", help="Layers kept of an arch: model (>= 1).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (0 = torch's default).", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Training does two things, inference one: a forward vs forward + backward + AdamW, their FLOPs and bytes, and why inference does not learn.
+
+    Training runs a forward pass, then a backward pass (about twice the forward's FLOPs) and a weight update, and keeps gradients and Adam's two moments: 16 bytes per parameter before activations, against 2-4 for inference weights. It sees every position of a sequence at once (teacher forcing), while generation produces one token per forward. This lab times and counts (FlopCounterMode) the three regimes on the same batch, counts their bytes tensor by tensor (weights, grads, optimizer state, saved activations, KV cache), scales Llama 3 8B onto one 80 GB GPU by formula, races one forward over T tokens against T decode steps, and checks that generating 1,000 tokens leaves the weights' hash, .grad and the next answer unchanged, while one AdamW step on that conversation changes them.
+    """
+    run_lab("train-vs-infer", Common(device, gpu, quick, json_, out, no_save, seed, tables),
+            models=tuple(model) if model else None, batch=batch, seq_len=seq_len, gen_tokens=gen_tokens, lr=lr,
+            arch_layers=arch_layers, threads=threads)
+
+
+@app.command("five-steps", rich_help_panel=LABS)
+def five_steps(
+    model: ModelOpt = "tiny",
+    prompt: Annotated[Optional[str], typer.Option(help="The text whose next word is followed through the model.", show_default=False)] = None,
+    big: Annotated[Optional[str], typer.Option("--big", help="A larger arch: model walked on the meta device (shapes only). Default arch:llama-3-8b.", show_default=False)] = None,
+    size: Annotated[Optional[list[str]], typer.Option("--size", help="arch: models for the breakdown vs size (repeatable; timed on --size-layers layers, scaled). Default qwen2.5-0.5b and llama-3.2-1b; none with --quick.", show_default=False)] = None,
+    size_layers: Annotated[Optional[int], typer.Option("--size-layers", help="Layers of each --size model actually run (>= 1).", show_default=False)] = None,
+    prefill_tokens: Annotated[Optional[int], typer.Option("--prefill-tokens", help="Tokens of the timed prefill (>= 2).", show_default=False)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="p of step 5 under top-p, in (0, 1].", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Watch a model produce one word: tokenize and embed, attention, MLP (once per layer), LM head, sample; shapes, candidates and where the time goes.
+
+    The lab calls the model's own submodules in order by hand and records the real tensor shape after each step (on tiny, and on Llama 3 8B's full shape on the meta device), shows the top-5 words after the LM head and what greedy and top-p pick, checks the hand run gives the forward's logits (no secret sixth step), and stamps each step with forward hooks during a decode step and a prefill: time, FLOPs (shape formula vs FlopCounterMode) and weight bytes per step, and how the split moves with model size.
+    """
+    run_lab("five-steps", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, prompt=prompt, big=big,
+            sizes=tuple(size) if size else None, size_layers=size_layers, prefill_tokens=prefill_tokens, top_p=top_p)
+
+
+def _ints(text: Optional[str], option: str) -> Optional[tuple[int, ...]]:
+    """'16,64,256' -> (16, 64, 256); None stays None (the Config's default); '' is an empty tuple (Config refuses it)."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give whole numbers separated by commas, e.g. 16,64,256") from None
+
+
+def _csv(values) -> str:
+    return ",".join(map(str, values))
+
+
+from llmlab.labs.prefill_decode import Config as _PD  # noqa: E402  (light: torch loads inside the lab)
+
+_PDD, _PDQ = _PD(), _PD.quick()
+
+
+@app.command("prefill-decode", rich_help_panel=LABS)
+def prefill_decode(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help=f"Models to time (repeatable); the first also gets parts 3-5. arch:NAME = random weights, timing only. Default: {', '.join(_PDD.models)} ({', '.join(_PDQ.models)} with --quick).", show_default=False)] = None,
+    prompt_lens: Annotated[Optional[str], typer.Option("--prompt-lens", help=f"Prompt lengths T, comma-separated; lengths beyond a model's context are clamped away with a note. Default {_csv(_PDD.prompt_lens)} ({_csv(_PDQ.prompt_lens)} with --quick).", show_default=False)] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help=f"Decode batch sizes of the crossover sweep. Default {_csv(_PDD.batch_sizes)} ({_csv(_PDQ.batch_sizes)} with --quick).", show_default=False)] = None,
+    output_lens: Annotated[Optional[str], typer.Option("--output-lens", help=f"Reply lengths n for E2E = TTFT + (n - 1) ITL. Default {_csv(_PDD.output_lens)} ({_csv(_PDQ.output_lens)} with --quick).", show_default=False)] = None,
+    link_gbps: Annotated[Optional[float], typer.Option("--link-GBps", help="Link bandwidth (GB/s, one direction) that moves the KV in part 5. Default: the spec values of PCIe 4.0 x16 (32) and NVLink 4 (450).", show_default=False)] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help=f"auto (float32 on a CPU, bfloat16 on a GPU) | float32 | bfloat16 | float16. Default {_PDD.dtype}.", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads for roofs and model alike. Default: torch's, or 1 when the CPU is oversubscribed.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """One request, two personalities: prefill (reading the prompt, math-bound) vs decode (writing the reply, fetching data).
+
+    A prefill pushes all T prompt tokens through each weight at once; a decode step pushes one token through every weight. This lab times both on your device (tokens/s and the ratio), counts their FLOPs and bytes from the model's shape (checked against torch's FlopCounterMode) and places them on the roofline measured with the roofline lab's kernels, finds the decode batch at which decode turns compute-bound, predicts E2E = TTFT + (n - 1) x ITL from the parts and times the whole, and prices disaggregated serving: the KV bytes a request moves from a prefill device to a decode device over PCIe or NVLink. On a CPU it also says what really bounds decode when the model sits in cache.
+    """
+    if link_gbps is not None and link_gbps <= 0:
+        raise UsageError(f"--link-GBps {link_gbps}: give a positive bandwidth in GB/s")
+    run_lab("prefill-decode", Common(device, gpu, quick, json_, out, no_save, seed, tables),
+            models=tuple(model) if model else None, prompt_lens=_ints(prompt_lens, "--prompt-lens"),
+            batch_sizes=_ints(batch_sizes, "--batch-sizes"), output_lens=_ints(output_lens, "--output-lens"),
+            link_GBps=link_gbps, dtype=dtype, threads=threads)
+
+
+from llmlab.labs.serving import Config as _SV  # noqa: E402  (light: torch loads inside the lab)
+
+_SVD, _SVQ = _SV(), _SV.quick()
+
+
+@app.command("serving", rich_help_panel=LABS)
+def serving(
+    model: ModelOpt = "tiny",
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="An OpenAI-compatible server (http://host:port): parts 1 and 4 measure it; the rest need the in-process engine.", show_default=False)] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=f"Top of the concurrency sweep (>= 1). Default {_SVD.max_concurrency} ({_SVQ.max_concurrency} with --quick).", show_default=False)] = None,
+    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help=f"KV pool of part 3, in blocks of 16 tokens (at least one conversation). Default {_SVD.kv_blocks}.", show_default=False)] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help=f"Your machine's price in $/hour for the cost part (>= 0). Default {_SVD.price_per_hour:g}: an example, not a market price.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Serving: concurrency, static vs continuous batching, KV capacity, prefix reuse, chunked prefill, cost per token.
+
+    One request at a time leaves a GPU mostly idle; batching is the lever, and the KV cache, not the weights, limits how many conversations fit. This lab measures each on llmlab's paged, continuously batching engine (checked exact against HF first): tokens/s and TTFT/ITL/TPOT (vLLM's definitions) vs concurrency with the step-time knee and the compute and bandwidth utilisation at 1 client; static vs continuous batching under Poisson arrivals with mixed reply lengths; peak concurrent conversations in a fixed KV pool against blocks / blocks per conversation; a shared system prompt with the prefix cache off and on; the ITL of running decodes while a long prompt is prefilled whole or in chunks; and $ per 1M tokens from the measured throughput. With --endpoint the client-side parts run against any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp, llmlab serve).
+    """
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise UsageError(f"--endpoint {endpoint!r}: give an http(s) URL, e.g. http://127.0.0.1:8000")
+    if endpoint is not None:
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(endpoint.rstrip("/") + "/v1/models", timeout=5)
+        except Exception as exc:  # noqa: BLE001  (any failure to reach it is the same bad input)
+            raise UsageError(f"--endpoint {endpoint}: not reachable ({exc})") from None
+    run_lab("serving", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, endpoint=endpoint,
+            max_concurrency=max_concurrency, kv_blocks=kv_blocks, price_per_hour=price_per_hour)
 
 
 # ---------------------------------------------------------------- entry point

@@ -70,7 +70,7 @@ def fmt(v, spec: str = "") -> str:
     if isinstance(v, float) and math.isinf(v):
         return "inf" if v > 0 else "-inf"
     if spec == "x":
-        return f"{_sig(v)}x"
+        return f"{_sig(v, 3)}x"
     if spec == "%":
         return f"{_sig(100 * v, 3)}%"
     if spec == "int":
