@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -258,11 +257,8 @@ def test_judge_same_output_holds_and_fails():
 # ---------------------------------------------------------------- end to end
 
 
-def test_cli_quick_json_end_to_end(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "llmlab", "kvcache-growth", "--device", "cpu", "--quick", "--json", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=400)
-    assert p.returncode == 0, p.stderr[-2000:]
-    res = LabResult.from_dict(json.loads(p.stdout))
+def test_cli_quick_end_to_end(quick_run):
+    res = LabResult.from_dict(quick_run("kvcache-growth").data)
     assert res.lab == "kvcache-growth" and res.judge_version == kv.JUDGE_VERSION
     assert (res.tables["real_cache"]["measured_bytes"] == res.tables["real_cache"]["formula_bytes"]).all()
     kib = res.tables["registry"].set_index("model")["measured_bf16_KiB_per_token"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -173,10 +172,8 @@ def test_judge_sampler_share_holds_and_fails():
     assert find(L.judge(_result(decode_share=slow)), "samplers.sampler_small_share").holds is False
 
 
-def test_cli_quick_json_end_to_end(tmp_path):
-    r = _cli("--device", "cpu", "--quick", "--json", "--out", str(tmp_path))
-    assert r.returncode == 0, r.stderr[-2000:]
-    res = LabResult.from_dict(json.loads(r.stdout))
+def test_cli_quick_end_to_end(quick_run):
+    res = LabResult.from_dict(quick_run("samplers").data)
     tables = res.tables
     for name in ("fates", "fates_tokens", "sure_vs_unsure", "hf_parity", "quality", "temperature_sweep", "distribution",
                  "latency", "decode_share"):
