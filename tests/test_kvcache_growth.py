@@ -270,7 +270,7 @@ def test_cli_quick_end_to_end(quick_run):
     assert find(res.claims, "kvcache_growth.cache_same_output").holds is True
     assert find(res.claims, "kvcache_growth.dynamic_cache_copies").holds is None and "allocator" in res.skipped
     # the saved run re-judges to the same verdicts
-    saved = LabResult.from_json(next(tmp_path.glob("kvcache-growth/*.json")).read_text())
+    saved = LabResult.from_json(quick_run("kvcache-growth").json_path.read_text())
     assert [(c.id, c.holds) for c in kv.judge(saved)] == [(c.id, c.holds) for c in res.claims]
     assert kv.views(saved) and kv.headline(saved, res.claims).startswith("The KV cache is exactly the formula")
 

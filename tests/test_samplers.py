@@ -190,7 +190,7 @@ def test_cli_quick_end_to_end(quick_run):
     assert find(res.claims, "samplers.sorting_free_same_distribution").holds is True
     assert find(res.claims, "samplers.sorting_free_goal").holds is None  # --quick has no B=32
     assert find(res.claims, "samplers.top_p_cost_vs_greedy").measured.startswith("HF top-p ")
-    saved = LabResult.from_json(next(tmp_path.glob("samplers/*.json")).read_text())
+    saved = LabResult.from_json(quick_run("samplers").json_path.read_text())
     assert [(c.id, c.holds) for c in L.judge(saved)] == [(c.id, c.holds) for c in res.claims]
     figs = L.figures(saved)
     assert len(figs) == 1 and len(figs[0][1].axes) == len(L.STRATEGIES)
