@@ -43,13 +43,16 @@ lint: install
 	$(BIN)/ruff check llmlab tests benchmarks
 
 # Every lab that exists, full run, into results/ (one folder per lab).
+# LAB_ARGS: extra options for every lab (e.g. LAB_ARGS=--quick for a fast pass).
+LAB_ARGS ?=
 all-labs: install
 	@for lab in $(LABS); do \
 	  if $(LLMLAB) $$lab --help >/dev/null 2>&1; then \
-	    echo "== llmlab $$lab"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --out $(OUT) || exit $$?; \
+	    echo "== llmlab $$lab $(LAB_ARGS)"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab $(LAB_ARGS) --out $(OUT) || exit $$?; \
 	  fi; \
 	done
 	$(LLMLAB) report $(OUT)
+	$(BIN)/python -m llmlab.readme --results $(OUT) --write
 
 # Debian's chromium, for the HTML report's browser test (tests/test_report_browser.py); needs root.
 browser:
