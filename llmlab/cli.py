@@ -8,7 +8,6 @@ torch and transformers are imported inside the commands, so `llmlab --help` stay
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import sys
 from datetime import datetime, timezone
@@ -41,7 +40,8 @@ DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="auto | cpu | cud
 GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="GPU index: --gpu N is --device cuda:N.", rich_help_panel=COMMON, show_default=False)]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Small sweeps: seconds on a 2-core CPU (what tests and CI run).", rich_help_panel=COMMON)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only the JSON result on stdout.", rich_help_panel=COMMON)]
-OutOpt = Annotated[Path, typer.Option("--out", help="Folder for results (<out>/<lab>/<stamp>-<device>.json + CSVs).", rich_help_panel=COMMON)]
+OutOpt = Annotated[str, typer.Option("--out", help="Folder for results (<out>/<lab>/<stamp>-<device>.json + CSVs).", rich_help_panel=COMMON)]
+TablesOpt = Annotated[str, typer.Option("--tables", help="report: the compact report | all: also every table in full.", rich_help_panel=COMMON)]
 NoSaveOpt = Annotated[bool, typer.Option("--no-save", help="Do not write results.", rich_help_panel=COMMON)]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for torch, random and numpy.", rich_help_panel=COMMON)]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="tiny | tiny-draft | a Hugging Face id or local path | arch:NAME (random weights: timing only).")]
@@ -53,9 +53,16 @@ class Common:
     gpu: int | None = None
     quick: bool = False
     json: bool = False
-    out: Path = Path("results")
+    out: Path | str = Path("results")
     no_save: bool = False
     seed: int = 0
+    tables: str = "report"
+
+
+def _check_tables(tables: str) -> str:
+    if tables not in ("report", "all"):
+        raise UsageError(f"--tables must be 'report' or 'all', got {tables!r}")
+    return tables
 
 
 def run_lab(lab: str, common: Common, **overrides) -> None:
@@ -65,8 +72,11 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
     from llmlab.core.device import device_card, resolve_device
     from llmlab.core.results import check_writable, command_line, utc_stamp
     from llmlab.core.telemetry import Telemetry
+    from llmlab.labs import judged
+    from llmlab.labs import module as lab_module
 
-    module = importlib.import_module(f"llmlab.labs.{lab.replace('-', '_')}")
+    module = lab_module(lab)
+    _check_tables(common.tables)
     device = resolve_device(common.device, common.gpu)
     if not common.no_save:
         check_writable(common.out)
@@ -96,14 +106,21 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         "telemetry": tel.summary(),
         **result.env,
     }
+    try:
+        result.claims, views, headline = judged(result, module)
+    except Exception:  # a judge bug must not lose the measurement: save it unjudged, then fail loudly
+        if not common.no_save:
+            err.print(f"[yellow]judge failed: saved the unjudged result as {result.save(common.out, device.slug())}[/]")
+        raise
+    result.judge_version = getattr(module, "JUDGE_VERSION", 0)
+    path = None if common.no_save else result.save(common.out, device.slug())  # saved first: nothing lost if rendering fails
     if common.json:
         sys.stdout.write(result.to_json() + "\n")
     else:
         from llmlab.core.render import render
 
-        render(result, out)
-    if not common.no_save:
-        path = result.save(common.out, device.slug())
+        render(result, out, views=views, headline=headline, tables=common.tables, saved=path)
+    if path is not None:
         err.print(f"[dim]saved {path}[/]")
     if result.interrupted:
         raise typer.Exit(130)
@@ -228,6 +245,59 @@ def generate_(
     err.print(f"[dim]{lm.ref}: {n} tokens in {dt:.2f} s ({1000 * dt / max(n, 1):.1f} ms/token, prefill included)[/]")
 
 
+@app.command("show", rich_help_panel=TOOLS)
+def show(
+    path: Annotated[Path, typer.Argument(help="A saved result: results/<lab>/<stamp>-<device>.json.", show_default=False)],
+    tables: TablesOpt = "report",
+    json_: JsonOpt = False,
+) -> None:
+    """Re-render a saved run and re-judge it with the lab's current judge (says when the verdicts or the judge changed)."""
+    from llmlab.core.render import render
+    from llmlab.core.results import LabResult
+    from llmlab.labs import judged, module
+
+    _check_tables(tables)
+    try:
+        result = LabResult.from_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not an llmlab result ({exc})") from None
+    try:
+        mod = module(result.lab)
+    except ModuleNotFoundError:
+        raise UsageError(f"{path}: lab '{result.lab}' is not part of this llmlab") from None
+    saved = {c.id: c.verdict for c in result.claims}
+    result.claims, views, headline = judged(result, mod)
+    now = getattr(mod, "JUDGE_VERSION", 0)
+    if result.judge_version != now:
+        err.print(f"[yellow]judged again with judge v{now}; this file was judged with v{result.judge_version}[/]")
+    changed = [f"{c.id}: {saved[c.id]} -> {c.verdict}" for c in result.claims if c.id in saved and saved[c.id] != c.verdict]
+    for line in changed:
+        err.print(f"[yellow]verdict changed since saved: {line}[/]")
+    if json_:
+        sys.stdout.write(result.to_json() + "\n")
+        return
+    render(result, out, views=views, headline=headline, tables=tables, saved=path)
+
+
+@app.command("serve", rich_help_panel=TOOLS)
+def serve_(
+    model: ModelOpt = "tiny",
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
+    device: DeviceOpt = "auto",
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences in one step's batch.")] = 64,
+    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1, help="KV cache pool, in blocks of 16 tokens.")] = 1024,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one step (longer prompts are chunked).")] = 512,
+    no_prefix_cache: Annotated[bool, typer.Option("--no-prefix-cache", help="Switch the prefix cache off.")] = False,
+) -> None:
+    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics) over llmlab's paged, continuously batching engine."""
+    from llmlab.serving.server import serve
+
+    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens, log=err.print)
+
+
 tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
 app.add_typer(tiny_app, name="tiny", rich_help_panel=TOOLS)
 
@@ -315,13 +385,13 @@ def gpu_parallelism(
     max_threads: Annotated[Optional[int], typer.Option(help="Top of the CPU thread sweep (default: every usable CPU).", show_default=False)] = None,
     conv_batch: Annotated[Optional[int], typer.Option(help="AlexNet conv1 batch size (default 128; 8 with --quick).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """See parallelism: the same work as a Python loop, on 1..N CPU threads, and on the GPU.
 
     A CPU has a handful of strong cores; a GPU thousands of simple ones in SMs, plus tensor cores for matmuls. This lab times an FMA, a reduction and a matmul at growing sizes four ways and finds where the GPU starts to win (below it, launch and copy overhead dominate); it shows the CPU's thread scaling against ideal, the wave-quantization saw-tooth around the SM count, FP32 vs TF32/BF16/FP16 (and whether the CPU has AMX), B small matmuls vs one bmm, AlexNet's conv1 at batch 128, and host<->device copy bandwidth. Without a GPU the GPU parts say "not measured: no GPU".
     """
-    run_lab("gpu-parallelism", Common(device, gpu, quick, json_, out, no_save, seed),
+    run_lab("gpu-parallelism", Common(device, gpu, quick, json_, out, no_save, seed, tables),
             parts=tuple(only) if only else None, max_threads=max_threads, conv_batch=conv_batch)
 
 
@@ -330,13 +400,13 @@ def roofline(
     model: ModelOpt = "tiny",
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Compute dtype of the intensity sweep and the model overlay: auto (float32 on a CPU, bfloat16 on a GPU) | float32 | bfloat16 | float16.", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """The two speed limits, measured: memory bandwidth and matmul compute, and where LLM work sits between them.
 
     Every processor has two roofs: how many bytes per second it can move and how many FLOPs per second it can do. Arithmetic intensity (FLOPs per byte moved) decides which one binds: below the ridge point (peak FLOP/s / bandwidth) a kernel waits on memory, above it on the math units. This lab measures both roofs on your device (STREAM-style read/write/copy/triad over buffers 8x the last-level cache, with a size sweep that shows each cache level; matmul FLOP/s over a set of aligned shapes with the cache flushed), compares them with the spec sheet, then sweeps a GEMM from M=1 (a matrix-vector product: ~0.5 FLOP/byte in FP32) to M=4096 and watches it climb the roofline. Finally it places --model's per-layer matmuls of prefill and decode on that roofline and times the real decode step at growing batch: at batch 1 decode reads every weight to do 2 FLOPs with it, so it uses a few percent of peak compute, and batch size is the lever that moves it toward the ridge.
     """
-    run_lab("roofline", Common(device, gpu, quick, json_, out, no_save, seed), model=model, dtype=dtype)
+    run_lab("roofline", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, dtype=dtype)
 
 
 @app.command("kvcache-growth", rich_help_panel=LABS)
@@ -344,13 +414,13 @@ def kvcache_growth(
     model: ModelOpt = "tiny",
     cache_dtype: Annotated[Optional[str], typer.Option("--cache-dtype", help="Cache dtype of the registry table: fp32 | fp16 | bf16 | fp8 | int4-g64 | int4-g32 (4-bit + one FP16 scale per 64 / 32 values). Default bf16.", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """Watch the KV cache grow: its bytes against the formula, GQA vs MHA, and the quadratic trap without it.
 
     Every token leaves a key and a value per layer and KV head in the cache: 2 x layers x kv_heads x head_dim x bytes per token (Llama-2-7B: 512 KiB in BF16; Llama-3-8B, with 4 query heads sharing each KV head: 128 KiB). This lab grows a real cache (batch x length), sums its tensors and checks them byte for byte against that formula (and the sliding window of Mistral); compares the registry models (GiB at 4k/32k/128k, tokens and requests that fit after the weights, as vLLM reports them); and generates with and without the cache, fitting total time vs n: without it every token recomputes the whole prefix, so the total grows as n^2.
     """
-    run_lab("kvcache-growth", Common(device, gpu, quick, json_, out, no_save, seed), model=model, cache_dtype=cache_dtype)
+    run_lab("kvcache-growth", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, cache_dtype=cache_dtype)
 
 
 @app.command("samplers", rich_help_panel=LABS)
@@ -364,13 +434,13 @@ def samplers(
     samples: Annotated[Optional[int], typer.Option(help="Continuations per strategy for the quality table. Default 8.", show_default=False)] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens per continuation. Default 40.", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """One distribution, four fates: greedy, temperature, top-k, top-p and min-p on a real next-token distribution, and what each costs.
 
     The model scores every token of its vocabulary (4,096 for tiny, 128,256 for Llama 3); a sampler turns the scores into one token. Greedy takes the argmax; temperature reshapes the softmax; top-k keeps a fixed number of tokens, top-p the smallest set holding p of the mass, min-p every token at least min_p times as likely as the best. The lab shows what each keeps of the model's real distribution (bar charts), how many tokens each keeps when the model is sure or unsure, what the text looks like (distinct-n, repetition, log-probability, entropy; a temperature sweep), and the latency of one sampling step, ours and Hugging Face's, at vocabularies up to 151,936 and batches up to 128: top-p sorts the vocabulary, greedy reads it once ("top-p costs 9x greedy": reproduce or refute). A sorting-free top-p (FlashInfer's dual-pivot rejection, in torch) is checked to sample the same distribution (chi-square) and timed against the sort.
     """
-    run_lab("samplers", Common(device, gpu, quick, json_, out, no_save, seed), model=model, prompt=prompt, temperature=temperature,
+    run_lab("samplers", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, prompt=prompt, temperature=temperature,
             top_k=top_k, top_p=top_p, min_p=min_p, samples=samples, max_new_tokens=max_new_tokens)
 
 
@@ -385,13 +455,13 @@ def ttft_breakdown(
     cold_starts: Annotated[Optional[int], typer.Option(help="Cold starts in fresh processes (0 = skip). Default 3 (1 with --quick).", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads. Default: torch's, or 1 when the CPU is oversubscribed (load average >= cores).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """Where time to first token goes: queueing, cold start, prompt length (prefill), RAG. Also: llmlab ttft.
 
     Two chatbots can take the same 4 s per answer and one feels snappy: its first word arrives in 200 ms. TTFT hides four layers. This lab serves streaming requests with one real worker and stamps every phase (template + tokenize, queue wait, prefill forward, first sample + detokenize, then each decode step), checks that the phases add up to the TTFT the client measured and reports the harness's own remainder; starts the model in a fresh process (interpreter, imports, weights, device, first forward) against the same request warm; sweeps the prompt from 16 tokens to --prompt-len and fits a + bT + cT^2 (where attention's T^2 takes over); sends Poisson arrivals at rising utilisation and a burst to one first-come-first-served worker and sets the queue waits (p50/p90/p99) beside M/D/1; and adds a real BM25 retrieval over the built-in corpus (RAG) next to the plain chat. Metrics follow vLLM's benchmark (TTFT, TPOT = (E2E - TTFT)/(n - 1), ITL, E2E), with how GenAI-Perf, llmperf and guidellm define theirs; the diagnosis names the layer that dominates this run.
     """
-    run_lab("ttft-breakdown", Common(device, gpu, quick, json_, out, no_save, seed), prompt_len=prompt_len, model=model,
+    run_lab("ttft-breakdown", Common(device, gpu, quick, json_, out, no_save, seed, tables), prompt_len=prompt_len, model=model,
             rates=tuple(rate) if rate else None, utilizations=tuple(utilization) if utilization else None,
             requests_per_rate=requests, burst=burst, new_tokens=new_tokens, cold_starts=cold_starts, threads=threads)
 
@@ -407,14 +477,98 @@ def speculative(
     gamma: Annotated[Optional[int], typer.Option("--gamma", help="Tokens drafted per round (>= 1). Default 4.", show_default=False)] = None,
     temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature of the main comparison (>= 0; 0 = greedy, the default).", show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
-    out: OutOpt = Path("results"), no_save: NoSaveOpt = False, seed: SeedOpt = 0,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """Speculative decoding: a small draft guesses gamma tokens, the target checks them all in one forward, and the output stays exactly the target's.
 
     Decoding is one target forward per token. A draft ~5x cheaper proposes gamma tokens; the target scores all gamma + 1 positions at once, keeps the longest accepted prefix plus one token of its own, and the caches are cropped past the first rejection. Greedy: accept while the draft equals the target's argmax. Sampling: accept a token with probability min(1, p/q) and at the first rejection draw from norm(max(0, p - q)) (Leviathan et al., Chen et al.), which makes the output distributed exactly as the target's. This lab proves that (greedy token-for-token identity, a chi-square test against the target's exact law), then measures tokens/s of plain decoding (our loop, HF generate) and speculative decoding (ours, HF assisted generation with the same draft and gamma), the acceptance rate alpha, tokens per round tau, beta = sum min(p, q), the draft/target cost ratio c, and sets Leviathan's predicted speed-up (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) beside the measured one; then sweeps gamma 1..8 and temperature, compares draft-length policies (constant, +2/-1, confidence, oracle), a token tree verified in one forward with a tree attention mask, and batch sizes.
     """
-    run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed), model=model, draft=draft, gamma=gamma,
+    run_lab("speculative", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, draft=draft, gamma=gamma,
             temperature=temperature)
+
+
+@app.command("train-vs-infer", rich_help_panel=LABS)
+def train_vs_infer(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Models to measure (repeatable): tiny | arch:NAME (cut to --arch-layers, random weights) | a Hugging Face id. Default: tiny and arch:qwen2.5-0.5b (tiny only with --quick).", show_default=False)] = None,
+    batch: Annotated[Optional[int], typer.Option(help="Sequences per step (>= 1).", show_default=False)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence (>= 8).", show_default=False)] = None,
+    gen_tokens: Annotated[Optional[int], typer.Option("--gen-tokens", help="Tokens of conversation generated before checking that nothing changed (>= 16).", show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="AdamW learning rate of the one training step on that conversation (> 0).", show_default=False)] = None,
+    arch_layers: Annotated[Optional[int], typer.Option("--arch-layers", help="Layers kept of an arch: model (>= 1).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (0 = torch's default).", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Training does two things, inference one: a forward vs forward + backward + AdamW, their FLOPs and bytes, and why inference does not learn.
+
+    Training runs a forward pass, then a backward pass (about twice the forward's FLOPs) and a weight update, and keeps gradients and Adam's two moments: 16 bytes per parameter before activations, against 2-4 for inference weights. It sees every position of a sequence at once (teacher forcing), while generation produces one token per forward. This lab times and counts (FlopCounterMode) the three regimes on the same batch, counts their bytes tensor by tensor (weights, grads, optimizer state, saved activations, KV cache), scales Llama 3 8B onto one 80 GB GPU by formula, races one forward over T tokens against T decode steps, and checks that generating 1,000 tokens leaves the weights' hash, .grad and the next answer unchanged, while one AdamW step on that conversation changes them.
+    """
+    run_lab("train-vs-infer", Common(device, gpu, quick, json_, out, no_save, seed, tables),
+            models=tuple(model) if model else None, batch=batch, seq_len=seq_len, gen_tokens=gen_tokens, lr=lr,
+            arch_layers=arch_layers, threads=threads)
+
+
+@app.command("five-steps", rich_help_panel=LABS)
+def five_steps(
+    model: ModelOpt = "tiny",
+    prompt: Annotated[Optional[str], typer.Option(help="The text whose next word is followed through the model.", show_default=False)] = None,
+    big: Annotated[Optional[str], typer.Option("--big", help="A larger arch: model walked on the meta device (shapes only). Default arch:llama-3-8b.", show_default=False)] = None,
+    size: Annotated[Optional[list[str]], typer.Option("--size", help="arch: models for the breakdown vs size (repeatable; timed on --size-layers layers, scaled). Default qwen2.5-0.5b and llama-3.2-1b; none with --quick.", show_default=False)] = None,
+    size_layers: Annotated[Optional[int], typer.Option("--size-layers", help="Layers of each --size model actually run (>= 1).", show_default=False)] = None,
+    prefill_tokens: Annotated[Optional[int], typer.Option("--prefill-tokens", help="Tokens of the timed prefill (>= 2).", show_default=False)] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="p of step 5 under top-p, in (0, 1].", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Watch a model produce one word: tokenize and embed, attention, MLP (once per layer), LM head, sample; shapes, candidates and where the time goes.
+
+    The lab calls the model's own submodules in order by hand and records the real tensor shape after each step (on tiny, and on Llama 3 8B's full shape on the meta device), shows the top-5 words after the LM head and what greedy and top-p pick, checks the hand run gives the forward's logits (no secret sixth step), and stamps each step with forward hooks during a decode step and a prefill: time, FLOPs (shape formula vs FlopCounterMode) and weight bytes per step, and how the split moves with model size.
+    """
+    run_lab("five-steps", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, prompt=prompt, big=big,
+            sizes=tuple(size) if size else None, size_layers=size_layers, prefill_tokens=prefill_tokens, top_p=top_p)
+
+
+def _ints(text: Optional[str], option: str) -> Optional[tuple[int, ...]]:
+    """'16,64,256' -> (16, 64, 256); None stays None (the Config's default); '' is an empty tuple (Config refuses it)."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give whole numbers separated by commas, e.g. 16,64,256") from None
+
+
+def _csv(values) -> str:
+    return ",".join(map(str, values))
+
+
+from llmlab.labs.prefill_decode import Config as _PD  # noqa: E402  (light: torch loads inside the lab)
+
+_PDD, _PDQ = _PD(), _PD.quick()
+
+
+@app.command("prefill-decode", rich_help_panel=LABS)
+def prefill_decode(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help=f"Models to time (repeatable); the first also gets parts 3-5. arch:NAME = random weights, timing only. Default: {', '.join(_PDD.models)} ({', '.join(_PDQ.models)} with --quick).", show_default=False)] = None,
+    prompt_lens: Annotated[Optional[str], typer.Option("--prompt-lens", help=f"Prompt lengths T, comma-separated; lengths beyond a model's context are clamped away with a note. Default {_csv(_PDD.prompt_lens)} ({_csv(_PDQ.prompt_lens)} with --quick).", show_default=False)] = None,
+    batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help=f"Decode batch sizes of the crossover sweep. Default {_csv(_PDD.batch_sizes)} ({_csv(_PDQ.batch_sizes)} with --quick).", show_default=False)] = None,
+    output_lens: Annotated[Optional[str], typer.Option("--output-lens", help=f"Reply lengths n for E2E = TTFT + (n - 1) ITL. Default {_csv(_PDD.output_lens)} ({_csv(_PDQ.output_lens)} with --quick).", show_default=False)] = None,
+    link_gbps: Annotated[Optional[float], typer.Option("--link-GBps", help="Link bandwidth (GB/s, one direction) that moves the KV in part 5. Default: the spec values of PCIe 4.0 x16 (32) and NVLink 4 (450).", show_default=False)] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help=f"auto (float32 on a CPU, bfloat16 on a GPU) | float32 | bfloat16 | float16. Default {_PDD.dtype}.", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads for roofs and model alike. Default: torch's, or 1 when the CPU is oversubscribed.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """One request, two personalities: prefill (reading the prompt, math-bound) vs decode (writing the reply, fetching data).
+
+    A prefill pushes all T prompt tokens through each weight at once; a decode step pushes one token through every weight. This lab times both on your device (tokens/s and the ratio), counts their FLOPs and bytes from the model's shape (checked against torch's FlopCounterMode) and places them on the roofline measured with the roofline lab's kernels, finds the decode batch at which decode turns compute-bound, predicts E2E = TTFT + (n - 1) x ITL from the parts and times the whole, and prices disaggregated serving: the KV bytes a request moves from a prefill device to a decode device over PCIe or NVLink. On a CPU it also says what really bounds decode when the model sits in cache.
+    """
+    if link_gbps is not None and link_gbps <= 0:
+        raise UsageError(f"--link-GBps {link_gbps}: give a positive bandwidth in GB/s")
+    run_lab("prefill-decode", Common(device, gpu, quick, json_, out, no_save, seed, tables),
+            models=tuple(model) if model else None, prompt_lens=_ints(prompt_lens, "--prompt-lens"),
+            batch_sizes=_ints(batch_sizes, "--batch-sizes"), output_lens=_ints(output_lens, "--output-lens"),
+            link_GBps=link_gbps, dtype=dtype, threads=threads)
 
 
 # ---------------------------------------------------------------- entry point

@@ -15,7 +15,7 @@ from llmlab.core import device as devmod
 from llmlab.core.device import Device, resolve_device
 from llmlab.core.errors import UsageError
 from llmlab.core.render import chart_text, fmt, render
-from llmlab.core.results import Chart, LabResult, atomic_write, check_writable
+from llmlab.core.results import Chart, Claim, LabResult, atomic_write, check_writable
 from llmlab.core.specs import gpu_spec, peak_for
 from llmlab.core.timing import Stopwatch, autorange, measure, summarize
 
@@ -139,9 +139,9 @@ def test_stopwatch_phases_add_up():
 def _result() -> LabResult:
     res = LabResult(lab="demo", version=3, config={"sizes": [1, 2]}, env={"utc_stamp": "20260101T000000Z"})
     res.add_table("t", [{"size": 1, "latency_ms": 0.5, "name": "a"}, {"size": 2, "latency_ms": float("nan"), "name": "b"}])
-    res.claim("x holds", "about 2", "2.1", True, "note")
-    res.claim("y", "-", "-", None, "not measured: no GPU")
-    res.charts.append(Chart("lat", "t", "size", "latency_ms", logx=True))
+    res.claims = [Claim("demo.x", "x holds", "about 2", "2.1", True, "note"),
+                  Claim("demo.y", "y", "-", "-", None, "not measured: no GPU")]
+    res.skip("gpu_part", "no GPU")
     res.note("hello")
     return res
 
@@ -150,14 +150,14 @@ def test_json_round_trip():
     res = _result()
     text = res.to_json()
     d = json.loads(text)  # strict JSON: NaN became null
-    assert d["schema_version"] == 1 and d["tables"]["t"]["rows"][1][1] is None
+    assert d["schema_version"] == 2 and d["tables"]["t"]["rows"][1][1] is None
     back = LabResult.from_json(text)
     assert back.lab == "demo" and back.version == 3
     assert back.claims[0].holds is True and back.claims[1].holds is None
     assert back.claims[1].verdict == "not measured"
     assert list(back.tables["t"].columns) == ["size", "latency_ms", "name"]
     assert back.tables["t"]["latency_ms"].iloc[0] == 0.5
-    assert back.charts[0].logx is True and back.notes == ["hello"]
+    assert back.claims[0].id == "demo.x" and back.notes == ["hello"] and back.skipped == {"gpu_part": "no GPU"}
 
 
 def test_json_rejects_other_schema():
@@ -236,3 +236,101 @@ def test_fmt():
     assert fmt(0.000012) == "1.200e-05"
     assert fmt(3.14159) == "3.142"
     assert fmt(None) == "-" and fmt(float("nan")) == "-" and fmt(True) == "yes"
+
+
+# ---------------------------------------------------------------- one interleaved timer, one stats module (issue 12 item 26)
+
+
+def test_interleaved_first_pass_then_alternating_rounds():
+    import time
+
+    from llmlab.core.timing import interleaved
+
+    log: list[str] = []
+
+    def method(name, out):
+        def fn():
+            log.append(name)
+            return out
+        return fn
+
+    res = interleaved({"a": method("a", 1), "b": method("b", 2), "c": method("c", 3)}, 4, CPU,
+                      first={"a": method("a*", "A"), "b": method("b*", "B"), "c": method("c*", "C")},
+                      setups={"b": lambda: (log.append("setup-b"), time.sleep(0.02))})
+    assert res.outputs == {"a": "A", "b": "B", "c": "C"}  # the untimed first pass's return values
+    calls = [x for x in log if x != "setup-b"]
+    assert calls[:3] == ["a*", "b*", "c*"]
+    assert calls[3:] == ["a", "b", "c", "c", "b", "a", "a", "b", "c", "c", "b", "a"]  # order flips each round
+    assert log.count("setup-b") == 5 and all(log[i + 1] in ("b", "b*") for i, x in enumerate(log) if x == "setup-b")
+    assert {k: len(v) for k, v in res.seconds.items()} == {"a": 4, "b": 4, "c": 4}
+    assert max(res.seconds["b"]) < 0.015  # the 20 ms setup is outside the timed region
+    outputs, seconds = res  # unpacks like the labs' old helpers
+    assert outputs is res.outputs and seconds is res.seconds
+
+
+def test_interleaved_times_real_work_and_pairs_ratios():
+    import time
+
+    from llmlab.core.timing import interleaved
+
+    res = interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: time.sleep(0.001)}, 5, CPU)
+    assert all(s >= 0.0199 for s in res.seconds["slow"])  # a 20 ms sleep is at least 20 ms
+    assert res.stats("slow").n == 5 and res.stats("slow").median_ms >= 19.9
+    ratios = res.ratios("slow", "fast")
+    assert len(ratios) == 5 and statistics.median(ratios) > 2  # 20 ms vs 1 ms (+ a busy box's oversleep)
+
+
+def test_interleaved_budget_stops_early_but_keeps_min_rounds():
+    import time
+
+    from llmlab.core.timing import interleaved
+
+    seen = []
+    res = interleaved({"x": lambda: time.sleep(0.005)}, 1000, CPU, max_time_s=0.001, min_rounds=3,
+                      rounds=lambda it: (seen.append(r) or r for r in it))
+    assert len(res.seconds["x"]) == 3 and seen == [0, 1, 2]
+    with pytest.raises(ValueError, match="repeats"):
+        interleaved({"x": lambda: None}, 0, CPU)
+
+
+def test_stats_chisquare_passes_the_law_and_fails_a_skewed_one():
+    from scipy import stats as sps
+
+    from llmlab.core import stats
+
+    law = {0: 0.5, 1: 0.3, 2: 0.2}
+    p, cells = stats.chisquare_pvalue({0: 500, 1: 300, 2: 200}, law, 1000)
+    assert p == pytest.approx(1.0) and cells == 3
+    p, _ = stats.chisquare_pvalue({0: 400, 1: 350, 2: 250}, law, 1000)
+    assert p == pytest.approx(sps.chisquare([400, 350, 250], [500, 300, 200]).pvalue) and p < stats.SIGNIFICANCE
+    # rare cells pool, and an outcome outside the support lands in the pool: 7 observed where 1 is expected
+    p, cells = stats.chisquare_pvalue({0: 500, 1: 493, "impossible": 7}, {0: 0.5, 1: 0.499, 2: 0.001}, 1000)
+    assert cells == 3 and p < stats.SIGNIFICANCE
+
+
+def test_stats_power_helpers_agree():
+    from llmlab.core import stats
+
+    n = stats.samples_for_effect(cells=10, w=0.1)
+    assert stats.detectable_effect(10, n) <= 0.1 + 1e-9
+    assert stats.power(10, n, 0.1) >= 0.8 > stats.power(10, n // 2, 0.1)
+    assert stats.cohens_w({0: 0.6, 1: 0.4}, {0: 0.5, 1: 0.5}) == pytest.approx(0.2)
+    s = stats.summary([3.0, 1.0, 2.0])
+    assert (s.median, s.min, s.max, s.n) == (2.0, 1.0, 3.0, 3)
+    assert s.as_dict("tokens_per_s_")["tokens_per_s_median"] == 2.0
+
+
+def test_speculative_keeps_reexports_of_core_stats():
+    from llmlab.core import stats
+    from llmlab.inference import speculative as S
+
+    assert S.chisquare_pvalue is stats.chisquare_pvalue and S.SIGNIFICANCE == stats.SIGNIFICANCE
+    assert S.detectable_effect is stats.detectable_effect and S.samples_for_effect is stats.samples_for_effect
+
+
+def test_models_shape_is_public():
+    from llmlab.core import models
+
+    entry = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=100, model_type="llama")
+    assert models.shape(entry)["head_dim"] == 32 and models.shape(entry)["kv_heads"] == 2
+    assert models._shape is models.shape  # the old name still imports

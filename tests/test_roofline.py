@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from llmlab.core import roofs as core_roofs
 from llmlab.core.device import Device
 from llmlab.labs import roofline as R
 
@@ -110,7 +111,7 @@ def test_bandwidth_kernels_compute_stream_results_and_count_bytes_once():
     k = R.bandwidth_kernels(a, b, c)
     assert {name: nb for name, (_, nb) in k.items()} == {"read": 4000, "write": 4000, "copy": 8000, "triad": 12000}
     k["triad"][0]()
-    torch.testing.assert_close(a, b + R.TRIAD_SCALAR * c)
+    torch.testing.assert_close(a, b + core_roofs.TRIAD_SCALAR * c)
     assert float(k["read"][0]()) == pytest.approx(float(a.sum()))
     k["copy"][0]()
     torch.testing.assert_close(b, a)
@@ -121,6 +122,69 @@ def test_bandwidth_kernels_compute_stream_results_and_count_bytes_once():
 @pytest.mark.parametrize("backend,dtype", [("torch", "fp32"), ("torch", "bf16"), ("numpy", "fp32")])
 def test_matmul_variants_match_fp64(backend, dtype):
     R.check_matmul(backend, dtype, CPU)  # raises on a mismatch
+
+
+# ---------------------------------------------------------------- core.roofs
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: records which stream it was recorded on; 2 ms between a pair."""
+
+    log: list = []
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        _FakeEvent.log.append(stream)
+        self.t = len(_FakeEvent.log)
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return 2.0 * (end.t - self.t)
+
+
+def test_time_blocks_uses_one_event_pair_per_block_of_calls(monkeypatch):
+    """Issue 12 item 15: a fast kernel is timed in blocks of many calls, one event pair per block."""
+    calls = []
+    stream = object()
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: stream)
+    monkeypatch.setattr(Device, "synchronize", lambda self: None)
+    _FakeEvent.log = []
+    stats, per_block = core_roofs.time_blocks(lambda: calls.append(1), Device("cuda:0"), blocks=4, min_block_s=0.01)
+    assert per_block >= 10  # a call of ~us needs many calls to fill 10 ms
+    assert len(_FakeEvent.log) == 2 * 4 and all(s is stream for s in _FakeEvent.log)  # 4 blocks, one pair each
+    assert len(calls) == 2 + 4 * per_block  # warm-up + probe + the blocks
+    assert stats.n == 4 and stats.median_ms == pytest.approx(2.0 / per_block)  # per call, not per block
+
+
+def test_time_blocks_on_cpu_times_per_call():
+    import time
+
+    stats, per_block = core_roofs.time_blocks(lambda: time.sleep(0.002), CPU, blocks=3, min_block_s=0.01)
+    assert per_block >= 3 and stats.n == 3
+    assert 1.9 <= stats.median_ms <= 6  # ~2 ms per call (sleep overshoots a little on a busy box)
+
+
+def test_warm_up_runs_for_the_time_asked():
+    assert 0.3 <= core_roofs.warm_up(CPU, 0.3) < 3
+
+
+def test_core_roofs_measure_bandwidth_and_peak_small():
+    bufs = core_roofs.Buffers(torch.zeros(1 << 16), torch.ones(1 << 16), torch.ones(1 << 16), "")
+    bw = core_roofs.measure_bandwidth(CPU, "triad", bufs=bufs, blocks=3, min_block_s=0.002, threads=1)
+    assert bw.bytes_per_call == 3 * 4 * (1 << 16) and bw.threads == 1 and bw.median_GBps > 0
+    assert bw.best_GBps >= bw.median_GBps
+    torch.testing.assert_close(bufs.a, torch.full((1 << 16,), 4.0))  # 1 + 3 x 1: the triad really ran
+    with pytest.raises(ValueError, match="kernel"):
+        core_roofs.measure_bandwidth(CPU, "scale", bufs=bufs)
+    peak = core_roofs.matmul_peak_gflops(CPU, "fp32", shapes=((128, 128, 128),), repeats=3)
+    assert peak > 0
+    assert core_roofs.ridge_point(100.0, 10.0) == 10.0
+    assert core_roofs.attainable_gflops(1.0, 100.0, 10.0) == 10.0
 
 
 def test_cache_levels_and_thread_probe():

@@ -45,6 +45,28 @@ class Device:
     def kind(self) -> str:
         return "cuda" if self.is_cuda else "cpu"
 
+    @contextmanager
+    def activate(self) -> Iterator[Device]:
+        """Make this the current CUDA device (torch.cuda.set_device) for the block; the old one comes back after.
+
+        Streams, events, `torch.cuda.synchronize()` without arguments and torch.utils.benchmark all
+        act on the current device, so a command run with `--gpu 3` runs inside `with device.activate():`.
+        On the CPU, or when this device is already current, nothing changes.
+        """
+        if not self.is_cuda:
+            yield self
+            return
+        import torch
+
+        prev = torch.cuda.current_device()
+        if prev != self.index:
+            torch.cuda.set_device(self.index)
+        try:
+            yield self
+        finally:
+            if prev != self.index:
+                torch.cuda.set_device(prev)
+
     def synchronize(self) -> None:
         if self.is_cuda:
             import torch
@@ -298,25 +320,82 @@ def device_card(device: Device) -> dict:
     return card
 
 
+def _reason(exc: BaseException) -> str:
+    """One line for a failed NVML call: 'Not Supported', 'No Permission', ... (pynvml's own words)."""
+    return str(exc).strip() or type(exc).__name__
+
+
+def nvml_handle(nvml, index: int):
+    """(NVML handle, how it was found) for torch's CUDA device `index`.
+
+    torch numbers devices after CUDA_VISIBLE_DEVICES, NVML numbers physical boards: with
+    CUDA_VISIBLE_DEVICES=3, torch's cuda:0 is NVML's 3. So the device's UUID (the same in both:
+    torch prints it bare, NVML as GPU-... or MIG-...) finds the handle, then the PCI bus id;
+    the index is used only when CUDA_VISIBLE_DEVICES is unset, where both numberings agree.
+    Raises LookupError (with every reason) when no mapping works.
+    """
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    reasons = []
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        bare = str(uuid)
+        for cand in ([bare] if bare.startswith(("GPU-", "MIG-")) else [f"GPU-{bare}", f"MIG-{bare}"]):
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID(cand), f"uuid {cand}"
+            except Exception as exc:
+                reasons.append(f"uuid {cand}: {_reason(exc)}")
+    else:
+        reasons.append("uuid: torch does not report it")
+    bus = [getattr(props, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if None not in bus:
+        bus_id = "{:08X}:{:02X}:{:02X}.0".format(*bus)
+        lookup = getattr(nvml, "nvmlDeviceGetHandleByPciBusId_v2", None) or nvml.nvmlDeviceGetHandleByPciBusId
+        try:
+            return lookup(bus_id), f"pci {bus_id}"
+        except Exception as exc:
+            reasons.append(f"pci {bus_id}: {_reason(exc)}")
+    else:
+        reasons.append("pci bus id: torch does not report it")
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        return nvml.nvmlDeviceGetHandleByIndex(index), f"index {index} (CUDA_VISIBLE_DEVICES unset)"
+    raise LookupError(f"no NVML handle for cuda:{index} ({'; '.join(reasons)})")
+
+
+def nvml_read(fields: dict, unsupported: dict[str, str]) -> dict:
+    """Call each `name -> zero-argument reader` on its own: a field NVML refuses (MIG, a board without a
+    power sensor) becomes None and its reason goes into `unsupported`; the other fields still come back."""
+    out = {}
+    for name, read in fields.items():
+        try:
+            out[name] = read()
+        except Exception as exc:
+            out[name] = None
+            unsupported.setdefault(name, _reason(exc))
+    return out
+
+
 def _nvml_card(index: int) -> dict:
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        out = {
-            "driver": _s(pynvml.nvmlSystemGetDriverVersion()),
-            "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
-            "max_mem_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
-        }
-        try:
-            out["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        except pynvml.NVMLError:
-            pass
-        return out
+        h, how = nvml_handle(pynvml, index)
     except Exception as exc:  # NVML missing or failing: the card says so instead of guessing
-        return {"nvml": f"unavailable ({type(exc).__name__})"}
+        return {"nvml": f"unavailable ({type(exc).__name__}: {_reason(exc)})"}
+    unsupported: dict[str, str] = {}
+    out = {"nvml": f"handle by {how}"}
+    out.update(nvml_read({
+        "driver": lambda: _s(pynvml.nvmlSystemGetDriverVersion()),
+        "cuda_driver": pynvml.nvmlSystemGetCudaDriverVersion_v2,
+        "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+        "max_mem_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
+        "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+    }, unsupported))
+    if unsupported:
+        out["nvml_unsupported"] = unsupported
+    return out
 
 
 def _s(v) -> str:

@@ -246,7 +246,7 @@ def load_tokenizer(ref: str, trust_remote_code: bool = False):
 # ---------------------------------------------------------------- sizes from the config
 
 
-def _shape(config) -> dict:
+def shape(config) -> dict:
     """layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied: from an HF config or an ARCHS entry."""
     if isinstance(config, dict):
         c = config
@@ -264,15 +264,18 @@ def _shape(config) -> dict:
     )
 
 
+_shape = shape  # the old private name, still imported by labs written before it was public
+
+
 def kv_bytes_per_token(config, bytes_per_elem: float = 2) -> int:
     """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes (BF16 by default)."""
-    s = _shape(config)
+    s = shape(config)
     return int(2 * s["layers"] * s["kv_heads"] * s["head_dim"] * bytes_per_elem)
 
 
 def param_count(config) -> int:
     """Parameters of a Llama-family decoder (llama, mistral, qwen2), from the config alone."""
-    s = _shape(config)
+    s = shape(config)
     h, hd, q, kv = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"]
     attn = h * q * hd + 2 * h * kv * hd + q * hd * h + ((q + 2 * kv) * hd if s["bias"] else 0)
     mlp = 3 * h * s["intermediate"]  # gate, up, down (SwiGLU)
@@ -405,7 +408,7 @@ def model_rows(device: Device | str = "cpu", dtype="bfloat16") -> list[dict]:
     rows = []
     for ref in [*BUILTINS, *("arch:" + a for a in ARCHS)]:
         config = load_config(ref)
-        s = _shape(config)
+        s = shape(config)
         need = estimate_bytes(config, dtype)
         rows.append(dict(
             ref=ref, kind="builtin" if ref in BUILTINS else "arch", model_type=config.model_type,

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import datetime, timezone
@@ -22,28 +22,57 @@ from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSION = 1  # bump when the JSON layout changes
+SCHEMA_VERSION = 2  # bump when the JSON layout changes (2: claim ids, judge_version, skipped; charts live in views)
 
 
 @dataclass
 class Claim:
-    """One statement the measurement supports or refutes.
+    """One statement the measurement supports or refutes, computed by a lab's pure `judge()`.
 
-    `holds` is True (holds), False (does not hold) or None (not measured here: `note` says why).
+    `id` is stable ("roofline.decode_b1_compute_share"): the README, the lab sheets and the tests
+    cite it. `holds` is True (holds), False (does not hold) or None (not measured: `note` says why).
     """
 
+    id: str
     text: str
     expected: str
     measured: str
     holds: bool | None
     note: str = ""
 
+    def __post_init__(self):
+        if self.holds is not None:
+            self.holds = bool(self.holds)  # numpy bools become plain ones (JSON, `is True` in tests)
+
     @property
     def verdict(self) -> str:
         return {True: "holds", False: "does not hold", None: "not measured"}[self.holds]
 
 
-@dataclass
+def find(claims: list[Claim], claim_id: str) -> Claim:
+    """The claim with this id (KeyError naming the ids there are)."""
+    for c in claims:
+        if c.id == claim_id:
+            return c
+    raise KeyError(f"no claim {claim_id!r}; there are: {', '.join(c.id for c in claims)}")
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column of a view: the table's column `key` under a human `header` with its unit.
+
+    fmt: "" 4 significant digits | "x" a ratio ("1.23x") | "%" a fraction as percent ("93.1%")
+    | "int" thousands separators | "text" | any Python format spec (".2f", ".1e").
+    `width` cuts a long text cell to that many characters (0: no limit).
+    """
+
+    key: str
+    header: str
+    fmt: str = ""
+    width: int = 0
+
+
+@dataclass(frozen=True)
 class Chart:
     """A chart, declared as data: the renderer draws it from `table` with plotext.
 
@@ -63,6 +92,22 @@ class Chart:
     ylabel: str = ""
 
 
+@dataclass(frozen=True)
+class View:
+    """One part of a lab's report: what it asks, a compact table a person reads, maybe a chart.
+
+    `rows` picks, filters or sorts the rows shown (the CSV keeps them all); at most `max_rows`.
+    """
+
+    title: str
+    question: str
+    table: str
+    cols: tuple[Col, ...]
+    rows: Callable[[pd.DataFrame], pd.DataFrame] | None = None
+    chart: Chart | None = None
+    max_rows: int = 12
+
+
 @dataclass
 class LabResult:
     lab: str
@@ -70,10 +115,12 @@ class LabResult:
     config: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    claims: list[Claim] = field(default_factory=list)
-    charts: list[Chart] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)  # filled by the lab's judge(), never by run()
     notes: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # table name -> why it was not measured ("no GPU")
+    judge_version: int = 0  # the judge() that made `claims`
     interrupted: bool = False
+    charts: list[Chart] = field(default_factory=list)  # legacy (labs not yet on views); not saved
 
     @classmethod
     def new(cls, lab: str, version: int, cfg: Any) -> LabResult:
@@ -87,12 +134,17 @@ class LabResult:
         return df
 
     def claim(self, text: str, expected: str, measured: str, holds: bool | None, note: str = "") -> Claim:
-        c = Claim(text, expected, measured, None if holds is None else bool(holds), note)
+        """Legacy: a claim made inside run(), for labs not yet split into run() and judge()."""
+        c = Claim(f"{self.lab}.legacy_{len(self.claims)}", text, expected, measured, holds, note)
         self.claims.append(c)
         return c
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def skip(self, table: str, reason: str) -> None:
+        """Record that a part was not measured, and why (the report says so where its view stands)."""
+        self.skipped[table] = reason
 
     @contextmanager
     def guard(self) -> Iterator[LabResult]:
@@ -109,12 +161,13 @@ class LabResult:
             "schema_version": SCHEMA_VERSION,
             "lab": self.lab,
             "version": self.version,
+            "judge_version": self.judge_version,
             "interrupted": self.interrupted,
             "env": self.env,
             "config": self.config,
             "claims": [asdict(c) | {"verdict": c.verdict} for c in self.claims],
             "notes": self.notes,
-            "charts": [asdict(c) for c in self.charts],
+            "skipped": self.skipped,
             "tables": {name: _table_to_json(df) for name, df in self.tables.items()},
         }
 
@@ -132,8 +185,9 @@ class LabResult:
             env=d.get("env", {}),
             tables={name: _table_from_json(t) for name, t in d.get("tables", {}).items()},
             claims=[Claim(**{k: v for k, v in c.items() if k != "verdict"}) for c in d.get("claims", [])],
-            charts=[Chart(**c) for c in d.get("charts", [])],
             notes=list(d.get("notes", [])),
+            skipped=dict(d.get("skipped", {})),
+            judge_version=int(d.get("judge_version", 0)),
             interrupted=bool(d.get("interrupted", False)),
         )
 
@@ -179,6 +233,8 @@ def check_writable(out_dir: Path) -> None:
     """Raise UsageError before any measurement if results could not be saved in out_dir (creating it if its parent exists)."""
     from llmlab.core.errors import UsageError
 
+    if str(out_dir).strip() == "":
+        raise UsageError("--out is empty: name a folder for the results (default results/)")
     out_dir = Path(out_dir)
     if not out_dir.exists():
         if not out_dir.parent.exists():

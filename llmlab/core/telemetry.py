@@ -57,6 +57,8 @@ class Telemetry:
         self._thread: threading.Thread | None = None
         self._handle = None
         self._nvml = None
+        self.unsupported: dict[str, str] = {}  # NVML field -> why it could not be read (MIG, no sensor)
+        self.handle_how: str | None = None
 
     # -- lifecycle
     def __enter__(self) -> Telemetry:
@@ -87,9 +89,11 @@ class Telemetry:
         try:
             import pynvml
 
+            from llmlab.core.device import nvml_handle
+
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device.index or 0)
+            self._handle, self.handle_how = nvml_handle(pynvml, self.device.index or 0)  # by UUID: CUDA_VISIBLE_DEVICES-safe
         except Exception as exc:
             self.note = f"NVML unavailable ({type(exc).__name__}): no clocks/power recorded"  # the summary says it
 
@@ -98,31 +102,25 @@ class Telemetry:
         while not self._stop.is_set():
             self._rss_peak = max(self._rss_peak, _rss_bytes())
             if self._handle is not None:
-                try:
-                    self.samples.append(self._read_nvml())
-                except Exception:
-                    pass
+                self.samples.append(self._read_nvml())
             self._stop.wait(self.interval_s)
 
     def _read_nvml(self) -> dict:
+        """One sample; each field read on its own, None (reason in `self.unsupported`) where NVML refuses it."""
+        from llmlab.core.device import nvml_read
+
         n, h = self._nvml, self._handle
-        util = n.nvmlDeviceGetUtilizationRates(h)
-        mem = n.nvmlDeviceGetMemoryInfo(h)
-        try:
-            reasons = n.nvmlDeviceGetCurrentClocksEventReasons(h)
-        except Exception:
-            reasons = n.nvmlDeviceGetCurrentClocksThrottleReasons(h)
-        return {
-            "t_s": time.perf_counter() - self._t0,
-            "sm_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
-            "mem_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
-            "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000,
-            "temp_c": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
-            "gpu_util_pct": util.gpu,
-            "mem_util_pct": util.memory,
-            "mem_used_bytes": mem.used,
-            "throttle": reasons,
-        }
+        event_reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        return {"t_s": time.perf_counter() - self._t0, **nvml_read({
+            "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
+            "power_w": lambda: n.nvmlDeviceGetPowerUsage(h) / 1000,
+            "temp_c": lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+            "gpu_util_pct": lambda: n.nvmlDeviceGetUtilizationRates(h).gpu,
+            "mem_util_pct": lambda: n.nvmlDeviceGetUtilizationRates(h).memory,
+            "mem_used_bytes": lambda: n.nvmlDeviceGetMemoryInfo(h).used,
+            "throttle": lambda: event_reasons(h),
+        }, self.unsupported)}
 
     # -- summary
     def summary(self) -> dict:
@@ -143,14 +141,15 @@ class Telemetry:
             out["source"] = self.note or "NVML: no samples (run shorter than one interval)"
             return out
         out["source"] = "nvml"
+        out["nvml_handle"] = self.handle_how  # how torch's device was mapped to NVML's board (uuid, pci, index)
         out["n_samples"] = len(self.samples)
         for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "gpu_util_pct", "mem_used_bytes"):
-            xs = [s[key] for s in self.samples]
-            out[key] = {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
-        bits = 0
-        for s in self.samples:
-            bits |= s["throttle"]
-        out["throttle_reasons"] = [name for bit, name in _THROTTLE_BITS.items() if bits & bit]
+            xs = [s[key] for s in self.samples if s.get(key) is not None]
+            out[key] = {"min": min(xs), "median": statistics.median(xs), "max": max(xs)} if xs else None
+        bits = [s["throttle"] for s in self.samples if s.get("throttle") is not None]
+        out["throttle_reasons"] = [name for bit, name in _THROTTLE_BITS.items() if any(b & bit for b in bits)] if bits else None
+        if self.unsupported:
+            out["unsupported"] = dict(self.unsupported)  # field -> NVML's reason; those fields are None above
         return out
 
 

@@ -5,16 +5,19 @@ References:
   it picks the number of calls per block so timer overhead vanishes. `autorange` wraps it.
 - CUDA events measure on the GPU's own clock, with no host sync inside the timed region.
 - Stas Bekman's mamf-finder: flush L2 between repeats of a kernel whose data fits in cache.
+- `interleaved`: methods compared on a shared machine take turns (a, b, b, a, a, b, ...), so a
+  load drift hits every method alike and the per-round ratios stay honest.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from llmlab.core.device import Device
+from llmlab.core.stats import summary
 
 
 @dataclass(frozen=True)
@@ -37,30 +40,12 @@ class Stats:
         return self.median_ms / 1e3
 
 
-def _quantile(sorted_xs: list[float], q: float) -> float:
-    """Linear-interpolated quantile (numpy's default method), q in [0, 1]."""
-    if len(sorted_xs) == 1:
-        return sorted_xs[0]
-    pos = q * (len(sorted_xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
-
-
 def summarize(samples_ms: list[float]) -> Stats:
     """Median, p10, p90, min, max, mean of samples (ms). Raises ValueError on no samples."""
     if not samples_ms:
         raise ValueError("no samples to summarise")
-    xs = sorted(float(x) for x in samples_ms)
-    return Stats(
-        median_ms=statistics.median(xs),
-        p10_ms=_quantile(xs, 0.10),
-        p90_ms=_quantile(xs, 0.90),
-        min_ms=xs[0],
-        max_ms=xs[-1],
-        mean_ms=statistics.fmean(xs),
-        n=len(xs),
-    )
+    s = summary(samples_ms)
+    return Stats(median_ms=s.median, p10_ms=s.p10, p90_ms=s.p90, min_ms=s.min, max_ms=s.max, mean_ms=s.mean, n=s.n)
 
 
 class L2Flusher:
@@ -93,52 +78,124 @@ def measure(
     On a GPU each call is bracketed by CUDA events; on the CPU by perf_counter_ns.
     `max_time_s` stops early (keeping at least 3 samples) when the calls are slow.
     """
-    for _ in range(warmup):
-        if setup:
-            setup()
-        fn()
-    device.synchronize()
-    samples: list[float] = []
-    t_start = time.perf_counter()
-    if device.is_cuda:
-        import torch
-
+    with device.activate():
+        for _ in range(warmup):
+            if setup:
+                setup()
+            fn()
+        device.synchronize()
+        samples: list[float] = []
+        t_start = time.perf_counter()
         for _ in range(repeats):
             if setup:
                 setup()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-            if max_time_s and len(samples) >= 3 and time.perf_counter() - t_start > max_time_s:
-                break
-    else:
-        for _ in range(repeats):
-            if setup:
-                setup()
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+            _, sec = timed_call(fn, device)  # CUDA events on this device's current stream, or perf_counter_ns
+            samples.append(sec * 1e3)
             if max_time_s and len(samples) >= 3 and time.perf_counter() - t_start > max_time_s:
                 break
     return summarize(samples)
+
+
+def timed_call(fn: Callable[[], object], device: Device) -> tuple[object, float]:
+    """(fn's return value, seconds it took): CUDA events on the device's current stream, else perf_counter_ns.
+
+    The events are recorded on `torch.cuda.current_stream(device)`, so with `--gpu 3` they bracket
+    the work on GPU 3 even if another device is the current one. The caller synchronises before.
+    """
+    if device.is_cuda:
+        import torch
+
+        stream = torch.cuda.current_stream(device.torch)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        out = fn()
+        end.record(stream)
+        end.synchronize()
+        return out, start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter_ns()
+    out = fn()
+    return out, (time.perf_counter_ns() - t0) / 1e9
+
+
+class Interleaved(NamedTuple):
+    """What `interleaved` returns; unpacks as `outputs, seconds = interleaved(...)`."""
+
+    outputs: dict[str, object]  # method -> the return value of its untimed first pass
+    seconds: dict[str, list[float]]  # method -> one wall time per round, in round order
+
+    def stats(self, name: str) -> Stats:
+        """Per-call time of `name` over the rounds, in ms."""
+        return summarize([s * 1e3 for s in self.seconds[name]])
+
+    def ratios(self, base: str, name: str) -> list[float]:
+        """Per-round speed-up of `name` over `base` (base time / name time), paired round by round."""
+        return [b / s for b, s in zip(self.seconds[base], self.seconds[name], strict=True)]
+
+
+def interleaved(
+    fns: Mapping[str, Callable[[], object]],
+    repeats: int,
+    device: Device,
+    *,
+    first: Mapping[str, Callable[[], object]] | None = None,
+    setups: Mapping[str, Callable[[], object]] | None = None,
+    max_time_s: float | None = None,
+    min_rounds: int = 3,
+    rounds: Callable[[Iterable[int]], Iterable[int]] | None = None,
+) -> Interleaved:
+    """Time several methods in turns: one untimed pass each, then `repeats` timed rounds.
+
+    - The first pass calls `first[name]` (default: `fns[name]`) once per method, untimed: it warms
+      up allocators and kernels and its return values come back (for identity checks, acceptance).
+    - Round r calls every method once, in the given order when r is even and reversed when odd,
+      so a load drift on a shared machine (and "who ran first" effects) hit every method alike.
+    - Each call is bracketed by a device synchronise and timed by `timed_call` (CUDA events on the
+      device's current stream, or perf_counter_ns); `setups[name]` runs before it, untimed.
+    - `max_time_s` stops after the round in which the timed rounds passed that budget, but never
+      before `min_rounds` rounds. `rounds` wraps the round iterator (e.g. a progress bar).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(fns)
+    setups = setups or {}
+    first = first or fns
+    with device.activate():
+        outputs: dict[str, object] = {}
+        for name in names:
+            if name in setups:
+                setups[name]()
+            outputs[name] = first[name]()
+        device.synchronize()
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        t_start = time.perf_counter()
+        it: Iterable[int] = range(repeats)
+        for r in rounds(it) if rounds else it:
+            for name in names if r % 2 == 0 else reversed(names):
+                if name in setups:
+                    setups[name]()
+                device.synchronize()
+                _, sec = timed_call(fns[name], device)
+                seconds[name].append(sec)
+            if max_time_s is not None and r + 1 >= min_rounds and time.perf_counter() - t_start > max_time_s:
+                break
+    return Interleaved(outputs, seconds)
 
 
 def autorange(fn: Callable[[], object], device: Device, *, min_run_time: float = 0.2) -> Stats:
     """Time a fast `fn` with torch.utils.benchmark.Timer.blocked_autorange.
 
     Each sample is the mean per-call time of one block of many calls, so the statistics are
-    over blocks (n = number of blocks). The Timer synchronises CUDA itself.
+    over blocks (n = number of blocks). The Timer synchronises the *current* CUDA device, so the
+    call runs with `device` made current (`Device.activate`): `--gpu 3` syncs GPU 3, not GPU 0.
     """
     from torch.utils import benchmark
 
-    fn()  # warm-up: allocator, caches, lazy init
-    device.synchronize()
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=_threads()).blocked_autorange(
-        min_run_time=min_run_time
-    )
+    with device.activate():
+        fn()  # warm-up: allocator, caches, lazy init
+        device.synchronize()
+        m = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=_threads()).blocked_autorange(
+            min_run_time=min_run_time
+        )
     return summarize([t * 1e3 for t in m.times])
 
 

@@ -729,54 +729,14 @@ def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1
 
 # ---------------------------------------------------------------- distribution tests
 
-SIGNIFICANCE = 1e-3  # a correct sampler fails a chi-square test with this probability
-
-
-def chisquare_pvalue(counts: dict, law: dict, n: int) -> tuple[float, int]:
-    """Pearson chi-square of observed `counts` (outcome -> count) against an exact `law` (outcome -> prob).
-
-    Cells expected below 5 are pooled into one, together with anything observed outside the law's
-    support (which a correct sampler never produces). Returns (p-value, cells tested).
-    """
-    from scipy import stats as sps
-
-    obs, exp, pool_o, pool_e = [], [], 0, 0.0
-    for key, pr in law.items():
-        if pr * n >= 5:
-            obs.append(counts.get(key, 0))
-            exp.append(pr * n)
-        else:
-            pool_o += counts.get(key, 0)
-            pool_e += pr * n
-    pool_o += sum(c for k, c in counts.items() if k not in law)
-    if pool_o > 0 or pool_e > 0:
-        obs.append(pool_o)
-        exp.append(max(pool_e, 1e-12))
-    if len(obs) < 2:
-        return 1.0, len(obs)
-    scale = sum(obs) / sum(exp)  # float rounding of the law: expected and observed totals must agree
-    return float(sps.chisquare(obs, [e * scale for e in exp]).pvalue), len(obs)
-
-
-def _noncentrality(cells: int, significance: float, power: float) -> float:
-    from scipy import stats as sps
-
-    df = max(1, cells - 1)
-    crit = sps.chi2.ppf(1 - significance, df)
-    lam = 1.0
-    while sps.ncx2.sf(crit, df, lam) < power:
-        lam *= 1.02
-    return lam
-
-
-def detectable_effect(cells: int, n: int, significance: float = SIGNIFICANCE, power: float = 0.8) -> float:
-    """Cohen's w = sqrt(sum (p' - p)^2 / p) that n samples detect with `power` at `significance`."""
-    return math.sqrt(_noncentrality(cells, significance, power) / n)
-
-
-def samples_for_effect(cells: int, w: float = 0.1, significance: float = SIGNIFICANCE, power: float = 0.8) -> int:
-    """Samples needed to detect Cohen's w with `power` at `significance` (noncentral chi-square)."""
-    return math.ceil(_noncentrality(cells, significance, power) / w**2)
+# The chi-square test and its power live in llmlab.core.stats; these names stay importable from here.
+from llmlab.core.stats import (  # noqa: E402, F401
+    SIGNIFICANCE,
+    _noncentrality,
+    chisquare_pvalue,
+    detectable_effect,
+    samples_for_effect,
+)
 
 
 @torch.inference_mode()

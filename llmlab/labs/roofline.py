@@ -35,8 +35,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +46,19 @@ from llmlab.core.device import Device, cpu_caches, cpu_load, last_level_cache_by
 from llmlab.core.errors import UsageError
 from llmlab.core.render import track
 from llmlab.core.results import Chart, LabResult
+from llmlab.core.roofs import (
+    bandwidth_buffers,
+    bandwidth_kernels,
+    check_matmul,
+    gemm_operands,
+    matmul_fn,
+    tf32,
+    torch_dtype,
+    warm_up,
+)
+from llmlab.core.roofs import (
+    measure_bandwidth as roof_bandwidth,
+)
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
 from llmlab.core.telemetry import Telemetry
 from llmlab.core.timing import L2Flusher, Stats, Stopwatch, autorange, measure
@@ -55,7 +67,6 @@ LAB = "roofline"
 VERSION = 1
 KERNELS = ("read", "write", "copy", "triad")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # torch name -> spec name
-TRIAD_SCALAR = 3.0
 NO_GPU = "not measured: no GPU"
 
 CPU_SHAPES = ((1024, 1024, 1024), (2048, 1024, 1024), (4096, 1024, 1024), (1024, 4096, 1024), (2048, 2048, 2048))
@@ -65,8 +76,9 @@ GPU_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (6144, 6144, 6144), (8192,
 @dataclass(frozen=True)
 class Config:
     llc_multiple: int = 8  # bandwidth buffers are 8x the last-level cache: < 1/8 of any access can hit
-    bandwidth_repeats: int = 10  # timed calls per kernel (+ warm-up): median and best of 10
-    bandwidth_warmup: int = 2  # first touches and page faults happen in the warm-up, not the timing
+    bandwidth_repeats: int = 10  # timed blocks of calls per kernel: median and best of 10
+    bandwidth_block_s: float = 0.02  # each block lasts >= 20 ms: launch gaps are inside the throughput, not at a sample's edge
+    warmup_s: float = 0.3  # matmuls for 0.3 s before the roofs: clocks boosted (issue 12 item 15)
     sweep_min_bytes: int = 16 * 1024  # smallest sweep buffer: half an L1d, where per-call overhead shows
     sweep_factor: int = 2  # each sweep buffer is 2x the last: 2-3 points per cache level
     sweep_min_run_s: float = 0.1  # autorange time per small sweep point (sub-ms calls, many per block)
@@ -106,7 +118,7 @@ class Config:
     @classmethod
     def quick(cls) -> Config:
         return cls(
-            bandwidth_repeats=3, bandwidth_warmup=1, sweep_factor=8, sweep_min_run_s=0.03,
+            bandwidth_repeats=3, sweep_factor=8, sweep_min_run_s=0.03,
             cpu_shapes=((2048, 1024, 1024), (1024, 2048, 1024)), gpu_shapes=GPU_SHAPES[:2], compute_repeats=3,
             intensity_batches=(1, 4, 16, 64, 256), intensity_kn_gpu=4096, intensity_repeats=3,
             decode_context=32, decode_batches=(1, 4, 16, 64), decode_steps=6,
@@ -124,22 +136,6 @@ def compute_dtypes(device: Device, extra: str) -> tuple[str, ...]:
     """Spec names measured: fp32/tf32/bf16/fp16 on a GPU, fp32/bf16 on a CPU (+ the overlay's)."""
     base = ("fp32", "tf32", "bf16", "fp16") if device.is_cuda else ("fp32", "bf16")
     return base if DTYPES[extra] in base else (*base, DTYPES[extra])
-
-
-def _torch_dtype(spec: str) -> torch.dtype:
-    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
-
-
-@contextmanager
-def _tf32(enabled: bool):
-    """TF32 tensor-core matmuls on for the tf32 rows only (IEEE FP32 otherwise)."""
-    m = torch.backends.cuda.matmul
-    old = m.fp32_precision
-    m.fp32_precision = "tf32" if enabled else "ieee"
-    try:
-        yield
-    finally:
-        m.fp32_precision = old
 
 
 def _time(fn, device: Device, repeats: int, min_run_s: float) -> Stats:
@@ -162,28 +158,6 @@ def cache_level(working_set: int, device: Device) -> str:
 
 
 # ---------------------------------------------------------------- 1. bandwidth
-
-
-def bandwidth_buffers(cfg: Config, device: Device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
-    """Three FP32 buffers of llc_multiple x LLC each (capped at 1/8 of free memory, with a note)."""
-    want = cfg.llc_multiple * last_level_cache_bytes(device)
-    cap = device.free_memory_bytes() // 8
-    nbytes = min(want, cap) if cap > 0 else want
-    note = "" if nbytes == want else f"bandwidth buffers capped at {nbytes / 2**20:.0f} MiB (1/8 of free memory), not {cfg.llc_multiple}x LLC"
-    n = nbytes // 4
-    bufs = tuple(torch.full((n,), float(i + 1), dtype=torch.float32, device=device.torch) for i in range(3))
-    return (*bufs, note)
-
-
-def bandwidth_kernels(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> dict[str, tuple[Callable[[], object], int]]:
-    """name -> (fn, bytes moved), counting each byte read or written once."""
-    nb = a.numel() * a.element_size()
-    return {
-        "read": (lambda: torch.sum(a), nb),  # reads a
-        "write": (lambda: a.fill_(1.0), nb),  # writes a
-        "copy": (lambda: b.copy_(a), 2 * nb),  # reads a, writes b
-        "triad": (lambda: torch.add(b, c, alpha=TRIAD_SCALAR, out=a), 3 * nb),  # a = b + s*c: reads b, c, writes a
-    }
 
 
 def thread_counts(device: Device) -> tuple[int, ...]:
@@ -215,23 +189,21 @@ def pick_threads(fn, device: Device) -> int:
 
 
 def measure_bandwidth(cfg: Config, device: Device, bufs=None, progress=None) -> pd.DataFrame:
-    a, b, c, _ = bufs if bufs is not None else bandwidth_buffers(cfg, device)
+    """Every kernel at every thread count, timed in blocks of calls (core.roofs)."""
+    bufs = bufs if bufs is not None else bandwidth_buffers(device, cfg.llc_multiple)
     rows = []
     jobs = [(t, k) for t in thread_counts(device) for k in KERNELS]
     for threads, name in track(progress, jobs, "bandwidth"):
-        fn, nbytes = bandwidth_kernels(a, b, c)[name]
-        with torch_threads(threads):
-            s = measure(fn, device, warmup=cfg.bandwidth_warmup, repeats=cfg.bandwidth_repeats)
-        rows.append(dict(kernel=name, threads=threads, buffer_bytes=a.numel() * 4, bytes_moved=nbytes,
-                         median_GBps=nbytes / s.median_s / 1e9, best_GBps=nbytes / (s.min_ms / 1e3) / 1e9,
-                         p10_GBps=nbytes / (s.p90_ms / 1e3) / 1e9, p90_GBps=nbytes / (s.p10_ms / 1e3) / 1e9,
-                         median_ms=s.median_ms, n=s.n))
+        bw = roof_bandwidth(device, name, bufs=bufs, blocks=cfg.bandwidth_repeats, min_block_s=cfg.bandwidth_block_s, threads=threads)
+        rows.append(dict(kernel=name, threads=threads, buffer_bytes=bw.buffer_bytes, bytes_moved=bw.bytes_per_call,
+                         median_GBps=bw.median_GBps, best_GBps=bw.best_GBps, p10_GBps=bw.p10_GBps, p90_GBps=bw.p90_GBps,
+                         median_ms=bw.median_ms, calls_per_block=bw.calls_per_block, n=bw.blocks))
     return pd.DataFrame(rows)
 
 
 def measure_sweep(cfg: Config, device: Device, bufs, threads: int, progress=None) -> pd.DataFrame:
     """read / copy / triad on views of growing size, at `threads`: each cache level is a plateau."""
-    a, b, c, _ = bufs
+    a, b, c = bufs.a, bufs.b, bufs.c
     sizes, n = [], cfg.sweep_min_bytes // 4
     while n <= a.numel():
         sizes.append(n)
@@ -261,36 +233,8 @@ def matmul_backends(device: Device, dtype: str) -> list[tuple[str, int]]:
     return rows + ([("numpy", 0)] if (not device.is_cuda and dtype == "fp32") else [])
 
 
-def matmul_fn(backend: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
-    if backend == "numpy":
-        an, bn, on = a.numpy(), b.numpy(), out.numpy()
-        return lambda: np.matmul(an, bn, out=on)
-    return lambda: torch.matmul(a, b, out=out)
-
-
 def device_generator(device: Device, seed: int) -> torch.Generator:
     return torch.Generator(device=device.torch).manual_seed(seed)
-
-
-def gemm_operands(m: int, n: int, k: int, dtype: str, device: Device, gen: torch.Generator):
-    """Random A (M, K), B (K, N) drawn on the device (`gen` lives there), and an output C (M, N)."""
-    dt = _torch_dtype(dtype)
-    a = torch.randn(m, k, generator=gen, device=device.torch).to(dt)  # (M, K)
-    b = torch.randn(k, n, generator=gen, device=device.torch).to(dt)  # (K, N)
-    return a, b, torch.empty(m, n, dtype=dt, device=device.torch)  # (M, N)
-
-
-def check_matmul(backend: str, dtype: str, device: Device) -> None:
-    """llm.c style: each variant against an FP64 reference before any timing."""
-    gen = device_generator(device, 0)
-    a, b, out = gemm_operands(64, 48, 256, dtype, device, gen)
-    with _tf32(dtype == "tf32") if device.is_cuda else nullcontext():
-        matmul_fn(backend, a, b, out)()
-    ref = a.double().cpu() @ b.double().cpu()
-    tol = {"fp32": 1e-3, "tf32": 2e-2, "bf16": 5e-2, "fp16": 2e-2}[dtype] * math.sqrt(256)
-    err = (out.double().cpu() - ref).abs().max().item()
-    if not err <= tol:
-        raise RuntimeError(f"matmul {backend}/{dtype} differs from the FP64 reference by {err:.3g} (> {tol:.3g})")
 
 
 def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progress=None) -> pd.DataFrame:
@@ -299,7 +243,7 @@ def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progre
     gen = device_generator(device, cfg.seed)
     rows = []
     for dtype in track(progress, dtypes, "compute"):
-        with Telemetry(device) as tel, (_tf32(dtype == "tf32") if device.is_cuda else nullcontext()):
+        with Telemetry(device) as tel, (tf32(dtype == "tf32") if device.is_cuda else nullcontext()):
             part = []
             for backend, threads in matmul_backends(device, dtype):
                 check_matmul(backend, dtype, device)
@@ -315,8 +259,9 @@ def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progre
         t = tel.summary()
         for r in part:
             if t.get("source") == "nvml":
-                r.update(sm_clock_mhz=t["sm_clock_mhz"]["median"], power_w=t["power_w"]["median"],
-                         temp_c=t["temp_c"]["max"], throttle=",".join(t["throttle_reasons"]) or "none")
+                r.update(sm_clock_mhz=(t["sm_clock_mhz"] or {}).get("median"), power_w=(t["power_w"] or {}).get("median"),
+                         temp_c=(t["temp_c"] or {}).get("max"),  # None: a field NVML does not report here (MIG, no sensor)
+                         throttle="unknown" if t["throttle_reasons"] is None else ",".join(t["throttle_reasons"]) or "none")
             else:
                 r.update(cpu_utilisation_cores=t.get("cpu_utilisation_cores"), loadavg_1m=t.get("loadavg_1m"))
         rows += part
@@ -383,9 +328,9 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
     flush = L2Flusher(device)
     gen = device_generator(device, cfg.seed + 1)
     k = n = cfg.intensity_kn_gpu if device.is_cuda else cfg.intensity_kn
-    elem = _torch_dtype(dtype).itemsize
+    elem = torch_dtype(dtype).itemsize
     rows = []
-    with _tf32(dtype == "tf32") if device.is_cuda else nullcontext():
+    with tf32(dtype == "tf32") if device.is_cuda else nullcontext():
         _, w, _ = gemm_operands(1, k, n, dtype, device, gen)  # (N, K) weight, nn.Linear's layout, shared by every M
         for m in track(progress, cfg.intensity_batches, "intensity sweep"):
             x, _, out = gemm_operands(m, n, k, dtype, device, gen)  # (M, K) activations, (M, N) out
@@ -432,7 +377,7 @@ def attention_cost(config, tokens: int, context: int, elem: int, prefill: bool) 
 
 def overlay_table(config, roofs: Roofs, dtype: str, prefill_tokens: int, batches, context: int) -> pd.DataFrame:
     """Analytic: each matmul of prefill (M = S, lm_head on the last position only) and decode (M = B)."""
-    elem = _torch_dtype(dtype).itemsize
+    elem = torch_dtype(dtype).itemsize
     phases = [("prefill", prefill_tokens)] + [("decode", b) for b in batches]
     rows = []
     for phase, m in phases:
@@ -468,7 +413,7 @@ def step_cost(config, batch: int, context: float, elem: int) -> dict:
 
 def predicted_knee(config, roofs: Roofs, dtype: str, context: float) -> float:
     """Batch where decode intensity reaches the ridge: B = R*W / (f1 - R*b1), inf if it never does."""
-    elem = _torch_dtype(dtype).itemsize
+    elem = torch_dtype(dtype).itemsize
     one, two = step_cost(config, 1, context, elem), step_cost(config, 2, context, elem)
     f1, b1 = two["flops"] - one["flops"], two["bytes"] - one["bytes"]  # per extra sequence
     w = one["bytes"] - b1
@@ -484,7 +429,7 @@ def measure_decode(cfg: Config, device: Device, lm, dtype: str, roofs: Roofs, re
     from llmlab.core.device import is_oom
 
     model, config = lm.model, lm.config
-    elem = _torch_dtype(DTYPES[dtype]).itemsize
+    elem = torch_dtype(DTYPES[dtype]).itemsize
     peak = roofs.peak_gflops[DTYPES[dtype]]
     gen = torch.Generator().manual_seed(cfg.seed + 2)
     rows, threads = [], None  # the thread count is probed at the first batch and kept (a busy CPU makes probes costly)
@@ -579,9 +524,10 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     res.env["phases_s"] = sw.phases_ms  # wall time per part (ms), filled as the parts run
     with res.guard():
         with sw.phase("bandwidth"):
-            bufs = bandwidth_buffers(cfg, device)
-            if bufs[3]:
-                res.note(bufs[3])
+            res.env["warm_up_s"] = warm_up(device, cfg.warmup_s)  # clocks boosted before the roofs
+            bufs = bandwidth_buffers(device, cfg.llc_multiple)
+            if bufs.note:
+                res.note(bufs.note)
             bw = res.add_table("bandwidth", measure_bandwidth(cfg, device, bufs, progress))
         with sw.phase("compute"):
             comp = res.add_table("compute", measure_compute(cfg, device, compute_dtypes(device, dtype_name), progress))
@@ -626,7 +572,7 @@ def _charts(res: LabResult, dtype: str) -> None:
 
 def _claims(res, cfg, device, config, roofs: Roofs, dtype, sweep, dec) -> None:
     ridge = roofs.ridge(dtype)
-    elem = _torch_dtype(dtype).itemsize
+    elem = torch_dtype(dtype).itemsize
     if dec is not None and len(dec):
         one = dec.iloc[0]
         frac = float(one["pct_of_peak_compute"]) / 100

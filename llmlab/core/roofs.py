@@ -1,0 +1,284 @@
+"""The two roofs, measured: memory bandwidth (STREAM kernels) and matmul peak FLOP/s.
+
+Small public functions that any lab can call to get this machine's roofline:
+
+    bw = bandwidth_GBps(device, "triad")            # GB/s, buffers >= 8x the last-level cache
+    peak = matmul_peak_gflops(device, "fp32")        # GFLOP/s, best median over aligned shapes
+    ridge = ridge_point(peak, bw)                    # FLOP/byte where the two roofs meet
+
+How bytes are counted: every byte a kernel must read or write, once (STREAM's convention):
+read = N, write = N, copy = 2N, triad a = b + s*c = 3N. A CPU's write-allocate traffic is real
+but not counted. The bandwidth kernels are timed in blocks of calls (one timer or CUDA event
+pair per block, never per call), so launch and dispatch gaps do not fall inside a ~100 us
+sample; `warm_up` runs matmuls for a fixed time first, so GPU and CPU clocks are boosted.
+
+References:
+- McCalpin, STREAM benchmark (copy, scale, add, triad; bytes counted once; arrays >> cache).
+- Williams, Waterman, Patterson, "Roofline", CACM 2009 (ridge point = peak / bandwidth).
+- Stas Bekman, mamf-finder (ml-engineering): aligned shapes, flush L2, report best and median.
+- torch.utils.benchmark.Timer.blocked_autorange: blocks of calls per timer read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from llmlab.core.device import Device, last_level_cache_bytes, torch_threads
+from llmlab.core.timing import L2Flusher, Stats, measure, summarize
+
+KERNELS = ("read", "write", "copy", "triad")
+TRIAD_SCALAR = 3.0
+MATMUL_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+CPU_SHAPES = ((1024, 1024, 1024), (2048, 1024, 1024), (4096, 1024, 1024), (1024, 4096, 1024), (2048, 2048, 2048))
+GPU_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (6144, 6144, 6144), (8192, 8192, 2048), (16384, 4096, 4096))
+
+
+# ---------------------------------------------------------------- warm-up
+
+
+def warm_up(device: Device, seconds: float = 0.3) -> float:
+    """Run matmuls for at least `seconds` of wall time so clocks are boosted; returns the time spent (s)."""
+    import torch
+
+    n = 4096 if device.is_cuda else 512
+    a = torch.ones(n, n, device=device.torch)  # (n, n)
+    out = torch.empty(n, n, device=device.torch)
+    t0 = time.perf_counter()
+    while True:
+        torch.mm(a, a, out=out)
+        device.synchronize()
+        if time.perf_counter() - t0 >= seconds:
+            return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- bandwidth
+
+
+@dataclass(frozen=True)
+class Buffers:
+    a: object  # three FP32 torch tensors of n elements each
+    b: object
+    c: object
+    note: str  # why the buffers are smaller than asked ("" when they are not)
+
+    @property
+    def nbytes(self) -> int:
+        return self.a.numel() * 4
+
+
+def bandwidth_buffers(device: Device, llc_multiple: int = 8) -> Buffers:
+    """Three FP32 buffers of llc_multiple x LLC each (capped at 1/8 of free memory, with a note)."""
+    import torch
+
+    want = llc_multiple * last_level_cache_bytes(device)
+    cap = device.free_memory_bytes() // 8
+    nbytes = min(want, cap) if cap > 0 else want
+    note = "" if nbytes == want else f"bandwidth buffers capped at {nbytes / 2**20:.0f} MiB (1/8 of free memory), not {llc_multiple}x LLC"
+    n = nbytes // 4
+    a, b, c = (torch.full((n,), float(i + 1), dtype=torch.float32, device=device.torch) for i in range(3))
+    return Buffers(a, b, c, note)
+
+
+def bandwidth_kernels(a, b, c) -> dict[str, tuple[Callable[[], object], int]]:
+    """name -> (fn, bytes moved per call), counting each byte read or written once."""
+    import torch
+
+    nb = a.numel() * a.element_size()
+    return {
+        "read": (lambda: torch.sum(a), nb),  # reads a
+        "write": (lambda: a.fill_(1.0), nb),  # writes a
+        "copy": (lambda: b.copy_(a), 2 * nb),  # reads a, writes b
+        "triad": (lambda: torch.add(b, c, alpha=TRIAD_SCALAR, out=a), 3 * nb),  # a = b + s*c: reads b, c, writes a
+    }
+
+
+def time_blocks(fn: Callable[[], object], device: Device, *, blocks: int = 10, min_block_s: float = 0.02,
+                warmup_calls: int = 1) -> tuple[Stats, int]:
+    """Per-call time (ms) over `blocks` blocks of calls; each block is one timer (or CUDA event) pair.
+
+    The calls per block are picked from a probe so one block lasts at least `min_block_s`: the
+    gap between calls (launch, dispatch) is then part of the throughput, not of a sample's edge.
+    Returns (Stats over blocks of the mean per-call time, calls per block).
+    """
+    for _ in range(max(1, warmup_calls)):
+        fn()
+    device.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    device.synchronize()
+    probe = max(time.perf_counter() - t0, 1e-7)
+    calls = max(1, math.ceil(min_block_s / probe))
+    samples = []
+    if device.is_cuda:
+        import torch
+
+        stream = torch.cuda.current_stream(device.torch)
+        for _ in range(blocks):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(calls):
+                fn()
+            end.record(stream)
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+    else:
+        for _ in range(blocks):
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter_ns() - t0) / 1e6 / calls)
+    return summarize(samples), calls
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    kernel: str
+    threads: int
+    buffer_bytes: int  # one buffer
+    bytes_per_call: int
+    calls_per_block: int
+    median_GBps: float
+    best_GBps: float
+    p10_GBps: float
+    p90_GBps: float
+    median_ms: float  # per call
+    blocks: int
+
+
+def measure_bandwidth(device: Device, kind: str = "triad", *, bufs: Buffers | None = None, llc_multiple: int = 8,
+                      blocks: int = 10, min_block_s: float = 0.02, threads: int | None = None) -> Bandwidth:
+    """One STREAM kernel over buffers >= llc_multiple x LLC, timed in blocks of calls."""
+    import torch
+
+    if kind not in KERNELS:
+        raise ValueError(f"bandwidth kernel '{kind}': use one of {', '.join(KERNELS)}")
+    bufs = bufs or bandwidth_buffers(device, llc_multiple)
+    fn, nbytes = bandwidth_kernels(bufs.a, bufs.b, bufs.c)[kind]
+    with torch_threads(threads):
+        s, calls = time_blocks(fn, device, blocks=blocks, min_block_s=min_block_s)
+        used = torch.get_num_threads()
+    return Bandwidth(kind, used, bufs.nbytes, nbytes, calls, nbytes / s.median_s / 1e9, nbytes / (s.min_ms / 1e3) / 1e9,
+                     nbytes / (s.p90_ms / 1e3) / 1e9, nbytes / (s.p10_ms / 1e3) / 1e9, s.median_ms, s.n)
+
+
+def bandwidth_GBps(device: Device, kind: str = "triad", **kw) -> float:
+    """Median GB/s of one STREAM kernel (read, write, copy, triad) over buffers >= 8x the LLC."""
+    return measure_bandwidth(device, kind, **kw).median_GBps
+
+
+# ---------------------------------------------------------------- compute
+
+
+def torch_dtype(spec: str):
+    import torch
+
+    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
+
+
+def _tf32_knob():
+    """(object, attribute, on, off) for TF32 in CUDA matmuls: the fp32_precision API on torch >= 2.9,
+    allow_tf32 before it (torch >= 2.9 refuses to mix the two)."""
+    import torch
+
+    m = torch.backends.cuda.matmul
+    if hasattr(m, "fp32_precision"):
+        return m, "fp32_precision", "tf32", "ieee"
+    return m, "allow_tf32", True, False
+
+
+@contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """TF32 tensor-core matmuls on (True) or strict IEEE FP32 (False) inside the block; restored after."""
+    obj, attr, on, off = _tf32_knob()
+    old = getattr(obj, attr)
+    setattr(obj, attr, on if enabled else off)
+    try:
+        yield
+    finally:
+        setattr(obj, attr, old)
+
+
+def gemm_operands(m: int, n: int, k: int, dtype: str, device: Device, gen):
+    """Random A (M, K), B (K, N) drawn on the device (`gen` lives there), and an output C (M, N)."""
+    import torch
+
+    dt = torch_dtype(dtype)
+    a = torch.randn(m, k, generator=gen, device=device.torch).to(dt)  # (M, K)
+    b = torch.randn(k, n, generator=gen, device=device.torch).to(dt)  # (K, N)
+    return a, b, torch.empty(m, n, dtype=dt, device=device.torch)  # (M, N)
+
+
+def matmul_fn(backend: str, a, b, out) -> Callable[[], object]:
+    """torch.matmul, or numpy's own BLAS (OpenBLAS in the wheels) on the same CPU buffers."""
+    import torch
+
+    if backend == "numpy":
+        import numpy as np
+
+        an, bn, on = a.numpy(), b.numpy(), out.numpy()
+        return lambda: np.matmul(an, bn, out=on)
+    return lambda: torch.matmul(a, b, out=out)
+
+
+def check_matmul(backend: str, dtype: str, device: Device) -> None:
+    """llm.c style: the variant against an FP64 reference before any timing (RuntimeError if off)."""
+    import torch
+
+    gen = torch.Generator(device=device.torch).manual_seed(0)
+    a, b, out = gemm_operands(64, 48, 256, dtype, device, gen)
+    with tf32(dtype == "tf32") if device.is_cuda else _nothing():
+        matmul_fn(backend, a, b, out)()
+    ref = a.double().cpu() @ b.double().cpu()
+    tol = {"fp32": 1e-3, "tf32": 2e-2, "bf16": 5e-2, "fp16": 2e-2}[dtype] * math.sqrt(256)
+    err = (out.double().cpu() - ref).abs().max().item()
+    if not err <= tol:
+        raise RuntimeError(f"matmul {backend}/{dtype} differs from the FP64 reference by {err:.3g} (> {tol:.3g})")
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def matmul_stats(device: Device, m: int, n: int, k: int, dtype: str = "fp32", *, backend: str = "torch",
+                 repeats: int = 5, threads: int | None = None, flush: L2Flusher | None = None, seed: int = 0) -> Stats:
+    """Per-call time of one (M,K) @ (K,N) matmul, the cache flushed before each call (mamf-finder)."""
+    import torch
+
+    gen = torch.Generator(device=device.torch).manual_seed(seed)
+    a, b, out = gemm_operands(m, n, k, dtype, device, gen)
+    flush = flush or L2Flusher(device)
+    with torch_threads(threads), (tf32(dtype == "tf32") if device.is_cuda else _nothing()):
+        return measure(matmul_fn(backend, a, b, out), device, warmup=1, repeats=repeats, setup=flush)
+
+
+def matmul_peak_gflops(device: Device, dtype: str = "fp32", *, shapes=None, repeats: int = 5,
+                       backends: tuple[str, ...] = ("torch",), threads: int | None = None) -> float:
+    """Best median GFLOP/s over aligned shapes (and backends), each checked against FP64 first."""
+    if dtype not in MATMUL_DTYPES:
+        raise ValueError(f"matmul dtype '{dtype}': use one of {', '.join(MATMUL_DTYPES)}")
+    shapes = shapes or (GPU_SHAPES[:2] if device.is_cuda else CPU_SHAPES[:2])
+    flush = L2Flusher(device)
+    best = 0.0
+    for backend in backends:
+        check_matmul(backend, dtype, device)
+        for m, n, k in shapes:
+            s = matmul_stats(device, m, n, k, dtype, backend=backend, repeats=repeats, threads=threads, flush=flush)
+            best = max(best, 2 * m * n * k / s.median_s / 1e9)
+    return best
+
+
+def ridge_point(peak_gflops: float, bandwidth_GBps: float) -> float:
+    """FLOP per byte where the compute roof meets the bandwidth roof."""
+    if bandwidth_GBps <= 0:
+        raise ValueError("bandwidth must be positive")
+    return peak_gflops / bandwidth_GBps
+
+
+def attainable_gflops(intensity: float, peak_gflops: float, bandwidth_GBps: float) -> float:
+    """The roofline: min(peak, intensity x bandwidth)."""
+    return min(peak_gflops, intensity * bandwidth_GBps)

@@ -1,0 +1,439 @@
+"""Lab: the five steps — watch a model produce one word, step by step, and see where the time goes.
+
+Every token goes through the same five steps (the series, part 2): 1. words to numbers (tokenize,
+embed), 2. attention, 3. the MLP (2 and 3 repeat once per layer), 4. the LM head (word scores),
+5. sampling (pick a word).
+
+Parts:
+1. the walk-through: the model's own submodules called in order by hand (`hand_run`), forward
+   hooks recording the real shape after each step, the top-5 candidates after step 4 and the word
+   greedy and top-p pick — on the built-in `tiny` (real weights) and on Llama 3 8B's full shape on
+   torch's meta device (shapes without memory or arithmetic).
+2. where the time goes: forward pre/post hooks stamp each step's modules during a normal forward
+   (a decode step and a prefill); the steps must add up to the whole forward within 10%, and the
+   remainder (residual adds, masks, Python) is reported. FLOPs per step from the shape formula
+   (llmlab.core.flops), cross-checked with FlopCounterMode's per-module counts; parameter bytes.
+3. what changes with size: the same split for larger `arch:` shapes (random weights), measured on
+   a few of their layers and scaled to the full layer count (labelled).
+4. "no secret sixth step": the hand run's logits equal the model's forward (FP32, 1e-5) and its
+   greedy word equals generate's.
+
+References:
+- transformers' LlamaForCausalLM (modeling_llama.py): embed_tokens -> rotary_emb -> each decoder
+  layer (input_layernorm, self_attn, residual, post_attention_layernorm, mlp, residual) -> norm -> lm_head.
+- torch.utils.flop_counter.FlopCounterMode; torch.nn.Module.register_forward_pre_hook / _hook.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from llmlab.core.device import Device, torch_threads
+from llmlab.core.results import Chart, Claim, Col, LabResult, View
+from llmlab.core.stats import summary
+
+LAB = "five-steps"
+VERSION = 1
+JUDGE_VERSION = 1
+STEPS = ("1. embed", "2. attention", "3. MLP", "norms", "4. LM head", "5. sample")
+ADD_UP_TOL = 0.10  # the steps' stamps must cover the forward within 10% (the issue's tolerance)
+LOGIT_TOL = 1e-5  # hand run vs forward, FP32
+FLOP_TOL = 0.05  # formula vs FlopCounterMode
+SAMPLE_SHARE_MAX = 0.05  # "picking the word is a negligible share": under 5% of a decode step
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str = "tiny"  # real weights: the words and probabilities mean something
+    big: str = "arch:llama-3-8b"  # the article's example, walked on the meta device (shapes only)
+    sizes: tuple[str, ...] = ("arch:qwen2.5-0.5b", "arch:llama-3.2-1b")  # part 3: larger shapes, random weights
+    size_layers: int = 2  # layers of each size actually run; attention and MLP are scaled to the full count
+    prompt: str = "The default value of the"  # a prompt from the tiny model's own domain (Python docs)
+    prefill_tokens: int = 256  # T of the timed prefill
+    context: int = 128  # tokens in the cache when the timed decode step runs
+    repeats: int = 15  # timed forwards per shape (median)
+    top_p: float = 0.9  # step 5 under top-p (and greedy)
+    threads: int = 1  # CPU: one thread, so the per-step stamps are not smeared by OpenMP waits
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.prefill_tokens < 2 or self.context < 1 or self.repeats < 1 or self.size_layers < 1:
+            raise ValueError("prefill tokens must be >= 2, context, repeats and size layers >= 1")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if not self.prompt.strip():
+            raise ValueError("--prompt must not be empty")
+
+    @classmethod
+    def quick(cls) -> Config:
+        return cls(sizes=(), prefill_tokens=64, context=32, repeats=5)
+
+
+# ---------------------------------------------------------------- the model's own steps
+
+
+def parts(model) -> dict[str, list[torch.nn.Module]]:
+    """The modules of each step, in a Llama-family model (HF's module names)."""
+    inner = model.model
+    return {"1. embed": [inner.embed_tokens, inner.rotary_emb],
+            "2. attention": [layer.self_attn for layer in inner.layers],
+            "3. MLP": [layer.mlp for layer in inner.layers],
+            "norms": [n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] + [inner.norm],
+            "4. LM head": [model.lm_head]}
+
+
+def hand_run(model, ids: torch.Tensor, record=None) -> torch.Tensor:
+    """The five steps' first four by hand, calling the model's submodules in order. Returns (B, V) logits of the last position."""
+    inner = model.model
+    t = ids.shape[1]
+    h = inner.embed_tokens(ids)  # (B, T, d)
+    pe = inner.rotary_emb(h, torch.arange(t, device=ids.device)[None])  # cos, sin: (1, T, head_dim)
+    mask = torch.full((t, t), float("-inf"), device=ids.device, dtype=h.dtype).triu(1)[None, None]  # (1, 1, T, T) causal
+    if record:
+        record("1. embed", "token ids -> vectors", h)
+    for i, layer in enumerate(inner.layers):
+        a = layer.self_attn(hidden_states=layer.input_layernorm(h), position_embeddings=pe, attention_mask=mask)[0]
+        h = h + a  # residual
+        m = layer.mlp(layer.post_attention_layernorm(h))
+        h = h + m  # residual
+        if record and i == 0:
+            record("2. attention", f"layer 1 of {len(inner.layers)}", a)
+            record("3. MLP", f"layer 1 of {len(inner.layers)}", m)
+    h = inner.norm(h)
+    logits = model.lm_head(h[:, -1:])  # (B, 1, V)
+    if record:
+        record("2-3. x layers", f"after all {len(inner.layers)} layers + final norm", h)
+        record("4. LM head", "one score per vocabulary word", logits)
+    return logits[:, -1]
+
+
+def load_model(ref: str, device: Device, layers: int | None = None, meta: bool = False):
+    """(model, tokenizer or None, label). arch: models get random weights, optionally cut to `layers`."""
+    from llmlab.core.models import arch_config, load
+
+    if ref.startswith("arch:"):
+        from transformers import AutoModelForCausalLM
+
+        conf = arch_config(ref.split(":", 1)[1])
+        full = conf.num_hidden_layers
+        if layers:
+            conf.num_hidden_layers = min(layers, full)
+        with torch.device("meta" if meta else device.torch):
+            model = AutoModelForCausalLM.from_config(conf)
+        return model.eval(), None, full
+    lm = load(ref, device)
+    return lm.model, lm.tokenizer, lm.model.config.num_hidden_layers
+
+
+# ---------------------------------------------------------------- run
+
+
+def run(cfg: Config, device: Device, progress=None) -> LabResult:
+    """Measures. Fills tables; never prints, never judges."""
+    res = LabResult.new(LAB, VERSION, cfg)
+    with torch_threads(None if device.is_cuda else cfg.threads), res.guard(), torch.inference_mode():
+        model, tok, _ = load_model(cfg.model, device)
+        ids = tok(cfg.prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device.torch)  # (1, T)
+        res.add_table("walk", walk_rows(model, ids, cfg.model, tok))
+        res.add_table("candidates", candidate_rows(model, ids, tok, cfg))
+        big, _, big_layers = load_model(cfg.big, device, meta=True)
+        res.add_table("walk_big", walk_rows(big, torch.zeros(1, ids.shape[1], dtype=torch.long, device="meta"), cfg.big))
+        del big
+        res.add_table("hand_run", [hand_check(model, ids)])
+        timing = time_steps(model, cfg, device, cfg.model, model.config.num_hidden_layers)
+        res.add_table("time", timing)
+        for ref in cfg.sizes:
+            m, _, full = load_model(ref, device, layers=cfg.size_layers)
+            timing += time_steps(m, cfg, device, ref, full)
+            del m
+            res.add_table("time", timing)
+        shares = res.add_table("shares", share_rows(timing))
+        first = shares[shares.model == cfg.model]
+        res.add_table("chart_decode", first[first.phase == "decode"])
+        if cfg.sizes:
+            res.add_table("sizes", shares[shares.phase == "decode"])
+        else:
+            res.skip("sizes", "--quick times tiny only; the full run adds larger arch: shapes")
+        res.note(f"Llama 3 8B's walk runs on torch's meta device: real module shapes, no weights, no arithmetic; "
+                 f"arch: sizes are timed on {cfg.size_layers} of their layers, attention and MLP scaled to all layers")
+    return res
+
+
+def walk_rows(model, ids: torch.Tensor, label: str, tok=None) -> list[dict]:
+    rows = [dict(model=label, step="1. tokenize", what=_pieces(tok, ids) if tok else f"{ids.shape[1]} token ids",
+                 shape=str(tuple(ids.shape)), expected=str((1, ids.shape[1])))]
+    conf = model.config
+    d, v = conf.hidden_size, conf.vocab_size
+    expect = {"1. embed": (1, ids.shape[1], d), "2. attention": (1, ids.shape[1], d), "3. MLP": (1, ids.shape[1], d),
+              "2-3. x layers": (1, ids.shape[1], d), "4. LM head": (1, 1, v)}
+
+    def record(step, what, t):
+        rows.append(dict(model=label, step=step, what=what, shape=str(tuple(t.shape)), expected=str(expect[step])))
+
+    logits = hand_run(model, ids, record)
+    rows.append(dict(model=label, step="5. sample", what="softmax -> pick one id", shape=str(tuple(logits.shape[:1])),
+                     expected=str((1,))))
+    return rows
+
+
+def _pieces(tok, ids: torch.Tensor) -> str:
+    return " ".join(f"[{_show(tok.decode([i]))}]" for i in ids[0].tolist())
+
+
+def _show(piece: str) -> str:
+    """A token's text with newlines and tabs visible (a leading space stays a space)."""
+    return piece.encode("unicode_escape").decode("ascii")
+
+
+def candidate_rows(model, ids: torch.Tensor, tok, cfg: Config) -> list[dict]:
+    """Top-5 words after step 4, and what greedy and top-p pick (step 5)."""
+    from llmlab.inference import sampling
+
+    logits = model(input_ids=ids).logits[:, -1].float()  # (1, V)
+    p = torch.softmax(logits, -1)[0]
+    top = torch.topk(p, 5)
+    g = torch.Generator(device=logits.device).manual_seed(cfg.seed)
+    picked_p = int(sampling.sample(logits, generator=g, top_p=cfg.top_p)[0])
+    greedy = int(logits.argmax(-1)[0])
+    rows = [dict(rank=i + 1, word=_show(tok.decode([t])), token_id=int(t), probability=float(pr),
+                 greedy_pick=int(t) == greedy, top_p_pick=int(t) == picked_p) for i, (pr, t) in enumerate(zip(top.values, top.indices, strict=True))]
+    if picked_p not in top.indices.tolist():
+        rows.append(dict(rank=int((p > p[picked_p]).sum()) + 1, word=_show(tok.decode([picked_p])), token_id=picked_p,
+                         probability=float(p[picked_p]), greedy_pick=False, top_p_pick=True))
+    return rows
+
+
+def hand_check(model, ids: torch.Tensor) -> dict:
+    """Step 4's logits by hand vs the model's forward; step 5's greedy word vs generate's first token."""
+    from llmlab.inference import decode
+
+    by_hand = hand_run(model, ids).float()
+    forward = model(input_ids=ids).logits[:, -1].float()
+    gen = int(decode.generate(model, ids, 1).tokens[0, 0])
+    return dict(max_abs_logit_diff=float((by_hand - forward).abs().max()), tolerance=LOGIT_TOL,
+                hand_token=int(by_hand.argmax(-1)[0]), generate_token=gen)
+
+
+# ---------------------------------------------------------------- where the time goes
+
+
+class StepClock:
+    """Forward pre/post hooks that add each step's wall time (device synchronised at each stamp)."""
+
+    def __init__(self, model, device: Device):
+        self.device, self.acc, self.handles = device, dict.fromkeys(STEPS, 0.0), []
+        for step, mods in parts(model).items():
+            for m in mods:
+                self.handles.append(m.register_forward_pre_hook(self._start))
+                self.handles.append(m.register_forward_hook(self._stop(step)))
+        self._t0 = 0.0
+
+    def _start(self, mod, args):
+        self.device.synchronize()
+        self._t0 = time.perf_counter()
+
+    def _stop(self, step):
+        def hook(mod, args, out):
+            self.device.synchronize()
+            self.acc[step] += time.perf_counter() - self._t0
+        return hook
+
+    def reset(self):
+        self.acc = dict.fromkeys(STEPS, 0.0)
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def time_steps(model, cfg: Config, device: Device, label: str, full_layers: int) -> list[dict]:
+    """Per-step time, FLOPs and bytes of one decode step (context cfg.context) and one prefill (cfg.prefill_tokens)."""
+    from llmlab.core.flops import Shape
+    from llmlab.inference import decode, sampling
+
+    g = torch.Generator().manual_seed(cfg.seed)
+    vocab = model.config.vocab_size
+    run_layers = model.config.num_hidden_layers
+    scale = full_layers / run_layers  # attention and MLP measured on run_layers, scaled to the full model
+    shape = Shape.of(model.config)
+    rows = []
+    for phase, new in (("decode", 1), ("prefill", cfg.prefill_tokens)):
+        ctx = torch.randint(0, vocab, (1, cfg.context), generator=g).to(device.torch)
+        x = torch.randint(0, vocab, (1, new), generator=g).to(device.torch)  # (1, new)
+        clock, per, totals = StepClock(model, device), {s: [] for s in STEPS}, []
+        try:
+            for r in range(cfg.repeats + 1):  # the first is a warm-up
+                cache = decode.new_cache(model)
+                if phase == "decode":
+                    decode.forward(model, ctx, cache)
+                clock.reset()
+                device.synchronize()
+                t0 = time.perf_counter()
+                logits = decode.forward(model, x, cache if phase == "decode" else decode.new_cache(model))[:, -1]  # (1, V)
+                device.synchronize()
+                t1 = time.perf_counter()
+                sampling.sample(logits.float(), generator=g, top_p=cfg.top_p)
+                device.synchronize()
+                clock.acc["5. sample"] = time.perf_counter() - t1
+                if r:
+                    totals.append(t1 - t0)
+                    for s in STEPS:
+                        per[s].append(clock.acc[s])
+        finally:
+            clock.close()
+        flops, counted, params = _flops(model, shape, phase, new, cfg.context, x)
+        fwd = summary(totals).median
+        med = {s: summary(per[s]).median for s in STEPS}
+        uncounted = counted.pop("attention_core_uncounted", 0)
+        for s in STEPS:
+            k = scale if s in ("2. attention", "3. MLP", "norms") else 1.0
+            rows.append(dict(model=label, layers=full_layers, layers_run=run_layers, phase=phase, tokens=new, step=s,
+                             time_ms=1e3 * med[s] * k, flops=flops.get(s, 0) * (k if s != "5. sample" else 1),
+                             counted_flops=counted.get(s, 0) * k, param_bytes=params.get(s, 0) * k,
+                             uncounted_flops=(uncounted if s == "2. attention" else 0) * k,
+                             forward_ms=1e3 * (fwd + (scale - 1) * (med["2. attention"] + med["3. MLP"] + med["norms"])),
+                             measured_forward_ms=1e3 * fwd, stamped_ms=1e3 * sum(med[s] for s in STEPS[:5])))
+    return rows
+
+
+def _flops(model, shape, phase: str, new: int, context: int, x: torch.Tensor):
+    """(formula FLOPs by step, FlopCounterMode FLOPs by step, parameter bytes by step) of one forward as timed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    t = shape
+    rows = new  # positions through each layer (batch 1)
+    pairs = new * (context + 1) if phase == "decode" else new * new  # FlopCounterMode counts SDPA's dense T x T
+    lin = {n: 2 * rows * k * m * c for n, k, m, c in t.matmuls() if n != "lm_head"}
+    core = 4 * t.heads * t.head_dim * pairs * t.layers  # QK^T and PV
+    formula = {"2. attention": sum(v for n, v in lin.items() if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj"))) + core,
+               "3. MLP": sum(v for n, v in lin.items() if n in ("gate_proj", "up_proj", "down_proj")),
+               "4. LM head": 2 * 1 * t.hidden * t.vocab}
+    counted: dict[str, int] = {}
+    from llmlab.inference import decode
+
+    cache = decode.new_cache(model)
+    if phase == "decode":
+        decode.forward(model, torch.zeros(1, context, dtype=torch.long, device=x.device), cache)
+    with FlopCounterMode(display=False) as fc:
+        decode.forward(model, x, cache)
+    counts = fc.get_flop_counts()
+    sdpa = any("scaled_dot_product" in str(op) for ops in counts.values() for op in ops)
+    if not sdpa:  # FlopCounterMode has no formula for this device's SDPA kernel (the CPU's): compare matmuls only
+        counted["attention_core_uncounted"] = core
+    for name, ops in counts.items():
+        total = sum(ops.values())
+        if name.endswith(".self_attn"):
+            counted["2. attention"] = counted.get("2. attention", 0) + total
+        elif name.endswith(".mlp"):
+            counted["3. MLP"] = counted.get("3. MLP", 0) + total
+        elif name.endswith("lm_head"):
+            counted["4. LM head"] = total
+    elem = next(model.parameters()).element_size()
+    params = {s: elem * sum(p.numel() for m in mods for p in m.parameters()) for s, mods in parts(model).items()}
+    params["1. embed"] = elem * new * t.hidden  # a lookup reads only the rows of the new tokens
+    return formula, counted, params
+
+
+def share_rows(timing: list[dict]) -> list[dict]:
+    """Each step's share of time, FLOPs and parameter bytes, per model and phase."""
+    import pandas as pd
+
+    df = pd.DataFrame(timing)
+    out = []
+    for (model, phase), g in df.groupby(["model", "phase"], sort=False):
+        tt, ft, bt = g.time_ms.sum(), g.flops.sum(), g.param_bytes.sum()
+        for r in g.itertuples():
+            out.append(dict(model=model, phase=phase, step=r.step, time_share=r.time_ms / tt, flop_share=r.flops / ft,
+                            byte_share=r.param_bytes / bt))
+    return out
+
+
+# ---------------------------------------------------------------- judge
+
+
+def judge(result: LabResult) -> list[Claim]:
+    """Every verdict from the tables alone."""
+    claims = []
+    t = result.tables
+    hc = t.get("hand_run")
+    if hc is not None and not hc.empty:
+        r = hc.iloc[0]
+        ok = r.max_abs_logit_diff <= r.tolerance and r.hand_token == r.generate_token
+        claims.append(Claim("five_steps.no_sixth_step", "the five steps are the whole computation",
+                            f"hand-run logits = forward within {r.tolerance:g} (FP32); same word as generate",
+                            f"max |diff| {r.max_abs_logit_diff:.1e}; token {int(r.hand_token)} vs {int(r.generate_token)}", ok))
+    walk = t.get("walk")
+    if walk is not None and not walk.empty:
+        both = walk if t.get("walk_big") is None else __import__("pandas").concat([walk, t["walk_big"]])
+        bad = both[both["shape"] != both["expected"]]
+        claims.append(Claim("five_steps.shapes_as_predicted", "each step turns (1, T) into (1, T, d), then (1, V)",
+                            "hook shapes = the config's T, d, V at every step",
+                            f"{len(both) - len(bad)}/{len(both)} steps as predicted"
+                            + ("" if bad.empty else f"; first off: {bad.iloc[0]['step']} {bad.iloc[0]['shape']}"), bad.empty))
+    tm = t.get("time")
+    if tm is not None and not tm.empty:
+        first = tm[tm.model == tm.model.iloc[0]]
+        dec = first[first.phase == "decode"].set_index("step")
+        fwd, stamped = dec.measured_forward_ms.iloc[0], dec.stamped_ms.iloc[0]
+        rem = 1 - stamped / fwd
+        claims.append(Claim("five_steps.steps_add_up", "the steps account for the whole forward",
+                            f"stamped steps within {ADD_UP_TOL:.0%} of the forward", f"{stamped:.2f} of {fwd:.2f} ms "
+                            f"({rem:+.1%} remainder: residuals, masks, Python)", abs(rem) <= ADD_UP_TOL))
+        am = (dec.time_ms["2. attention"] + dec.time_ms["3. MLP"]) / dec.time_ms.sum()
+        claims.append(Claim("five_steps.attention_mlp_dominate", "attention and MLP, repeated per layer, take most of the time",
+                            "> 50% of a decode step", f"{am:.0%} ({first.model.iloc[0]}, decode)", am > 0.5))
+        sm = dec.time_ms["5. sample"] / dec.time_ms.sum()
+        claims.append(Claim("five_steps.sampling_negligible", "picking the word is a negligible share",
+                            f"< {SAMPLE_SHARE_MAX:.0%} of a decode step", f"{sm:.1%} ({dec.time_ms['5. sample']:.3f} ms)",
+                            sm < SAMPLE_SHARE_MAX))
+        c = tm[tm.counted_flops > 0]
+        err = ((c.flops - c.uncounted_flops) / c.counted_flops - 1).abs().max()
+        skip = "" if not (tm.uncounted_flops > 0).any() else " (SDPA core excluded: the counter has no formula for it here)"
+        claims.append(Claim("five_steps.flops_formula", "the shape formula gives each step's FLOPs",
+                            f"= FlopCounterMode within {FLOP_TOL:.0%}", f"worst step off by {err:.1%}{skip}", err <= FLOP_TOL))
+        models = list(dict.fromkeys(tm.model))
+        if len(models) > 1:
+            sh = __import__("pandas").DataFrame(share_rows(tm.to_dict("records")))
+            head = sh[(sh.phase == "decode") & (sh.step == "4. LM head")].set_index("model").time_share
+            claims.append(Claim("five_steps.lm_head_share_by_size", "the LM head's share changes with the model's shape",
+                                "largest vs tiny", " -> ".join(f"{m.split(':')[-1]} {head[m]:.0%}" for m in models),
+                                None, note="a description, not a test: which way it goes depends on vocab vs width x layers"))
+    return claims
+
+
+def headline(result: LabResult, claims: list[Claim]) -> str:
+    sh = result.tables.get("shares")
+    if sh is None or sh.empty:
+        return ""
+    d = sh[(sh.model == sh.model.iloc[0]) & (sh.phase == "decode")].set_index("step")
+    top = d.time_share.idxmax()
+    return (f"One decode step of {sh.model.iloc[0]}: {top} takes {d.time_share[top]:.0%} of the time; "
+            f"attention + MLP {d.time_share['2. attention'] + d.time_share['3. MLP']:.0%}, picking the word "
+            f"{d.time_share['5. sample']:.1%}.")
+
+
+def views(result: LabResult) -> list[View]:
+    cfg = result.config
+    return [
+        View("1. One word, five steps", f"What happens to {cfg.get('prompt', '')!r} on its way to the next word?", "walk",
+             (Col("step", "step"), Col("what", "what", width=40), Col("shape", "shape"))),
+        View("   ... the candidates after step 4, and step 5's pick", "Which words score highest, and which gets picked?",
+             "candidates", (Col("rank", "rank", "int"), Col("word", "word", width=16), Col("probability", "p", ".3f"),
+                            Col("greedy_pick", "greedy"), Col("top_p_pick", f"top-p {cfg.get('top_p', '')}"))),
+        View("   ... the same walk through Llama 3 8B (meta device: shapes only)", "How big is each step in the article's model?",
+             "walk_big", (Col("step", "step"), Col("what", "what", width=34), Col("shape", "shape"))),
+        View("2. Where the time goes", "Which step takes the time of one decode step and of one prefill?", "shares",
+             (Col("phase", "phase"), Col("step", "step"), Col("time_share", "time", "%"), Col("flop_share", "FLOPs", "%"),
+              Col("byte_share", "weight bytes", "%")),
+             rows=lambda df: df[df.model == df.model.iloc[0]],
+             chart=Chart("share of a decode step's time", "chart_decode", "step", "time_share", kind="bar",
+                         ylabel="share of time")),
+        View("3. What changes with size", "How does the split move as the model grows (decode step)?", "sizes",
+             (Col("model", "model"), Col("step", "step"), Col("time_share", "time", "%"), Col("flop_share", "FLOPs", "%"))),
+        View("4. No secret sixth step", "Do the five steps by hand give the model's own answer?", "hand_run",
+             (Col("max_abs_logit_diff", "max |logit diff|", ".1e"), Col("tolerance", "tolerance", ".0e"),
+              Col("hand_token", "by hand", "int"), Col("generate_token", "generate", "int"))),
+    ]

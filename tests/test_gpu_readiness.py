@@ -1,0 +1,232 @@
+"""GPU paths checked with stand-ins (issue 12, items 12-14, 16): no GPU on the test machine.
+
+A fake `torch.cuda` records which device is current, which stream each event is recorded on and
+which device each synchronise waits for; a fake `pynvml` module answers some fields and refuses
+others, the way MIG slices and boards without power sensors do.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmlab.core import timing
+from llmlab.core.device import Device
+
+
+class FakeCuda:
+    """Just enough of torch.cuda for core.timing and Device: current device, streams, events, syncs."""
+
+    def __init__(self, n: int = 8):
+        self.n, self.current, self.log = n, 0, []
+
+    def install(self, mp: pytest.MonkeyPatch) -> FakeCuda:
+        cuda = torch.cuda
+        mp.setattr(cuda, "current_device", lambda: self.current)
+        mp.setattr(cuda, "set_device", self.set_device)
+        mp.setattr(cuda, "current_stream", self.current_stream)
+        mp.setattr(cuda, "synchronize", self.synchronize)
+        mp.setattr(cuda, "device_count", lambda: self.n)
+        mp.setattr(cuda, "is_available", lambda: True)
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False):
+                self.stream = None
+
+            def record(self, stream=None):
+                self.stream = stream if stream is not None else fake.current_stream()
+                fake.log.append(("record", self.stream.device))
+
+            def synchronize(self):
+                fake.log.append(("event-sync", self.stream.device))
+
+            def elapsed_time(self, end):
+                assert end.stream.device == self.stream.device, "events on two devices"
+                return 2.0  # ms
+
+        mp.setattr(cuda, "Event", Event)
+        return self
+
+    def set_device(self, idx):
+        self.log.append(("set_device", int(idx)))
+        self.current = int(idx)
+
+    def _index(self, device) -> int:
+        if device is None:
+            return self.current
+        if isinstance(device, torch.device):
+            return device.index if device.index is not None else self.current
+        return int(device)
+
+    def current_stream(self, device=None):
+        return type("Stream", (), {"device": self._index(device)})()
+
+    def synchronize(self, device=None):
+        self.log.append(("sync", self._index(device)))
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    return FakeCuda().install(monkeypatch)
+
+
+# ---------------------------------------------------------------- item 12: --gpu N with N != 0
+
+
+def test_gpu_n_activate_sets_and_restores_the_device(cuda):
+    with Device("cuda:3").activate() as dev:
+        assert dev.index == 3 and torch.cuda.current_device() == 3
+    assert torch.cuda.current_device() == 0
+    assert [e for e in cuda.log if e[0] == "set_device"] == [("set_device", 3), ("set_device", 0)]
+    cuda.log.clear()
+    with Device("cpu").activate():
+        pass
+    with Device("cuda:0").activate():  # already current: nothing to switch
+        pass
+    assert cuda.log == []
+
+
+def test_gpu_n_measure_records_events_on_that_devices_stream(cuda):
+    st = timing.measure(lambda: None, Device("cuda:3"), warmup=1, repeats=4)
+    assert st.n == 4 and st.median_ms == 2.0
+    records = [d for kind, d in cuda.log if kind == "record"]
+    assert records == [3] * 8  # start and end of each of 4 calls, all on GPU 3's stream
+    assert {d for kind, d in cuda.log if kind in ("sync", "event-sync")} == {3}
+    assert cuda.current == 0  # the previous device is current again
+
+
+def test_gpu_n_interleaved_times_on_that_device(cuda):
+    res = timing.interleaved({"a": lambda: 1, "b": lambda: 2}, 3, Device("cuda:5"))
+    assert res.seconds == {"a": [0.002] * 3, "b": [0.002] * 3}
+    assert {d for kind, d in cuda.log if kind in ("record", "sync", "event-sync")} == {5}
+
+
+def test_gpu_n_autorange_syncs_the_right_device(cuda, monkeypatch):
+    from torch.utils import benchmark
+
+    class Timer:  # torch.utils.benchmark's CUDA timer calls torch.cuda.synchronize() with no device
+        def __init__(self, stmt, globals, num_threads):
+            self.fn = globals["fn"]
+
+        def blocked_autorange(self, min_run_time):
+            torch.cuda.synchronize()
+            self.fn()
+            torch.cuda.synchronize()
+            return type("M", (), {"times": [1e-3, 2e-3]})()
+
+    monkeypatch.setattr(benchmark, "Timer", Timer)
+    st = timing.autorange(lambda: None, Device("cuda:2"))
+    assert st.n == 2
+    assert {d for kind, d in cuda.log if kind == "sync"} == {2}
+
+
+# ---------------------------------------------------------------- items 13-14: NVML by UUID, one field at a time
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_pynvml(boards: list[dict], refuse: set[str] = frozenset()):
+    """A pynvml stand-in over physical boards [{uuid, bus, sm}]: handles are board numbers; `refuse` names
+    the calls that raise 'Not Supported' (as power readings do on MIG and on some boards)."""
+    import types
+
+    m = types.ModuleType("pynvml")
+    m.NVMLError = NVMLError
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 0, 1, 0
+
+    def call(name, fn):
+        def wrapped(*a):
+            if name in refuse:
+                raise NVMLError("Not Supported")
+            return fn(*a)
+        setattr(m, name, wrapped)
+
+    def by(key, value):
+        for i, b in enumerate(boards):
+            if b[key] == value:
+                return i
+        raise NVMLError("Not Found")
+
+    call("nvmlInit", lambda: None)
+    call("nvmlDeviceGetHandleByIndex", lambda i: i)
+    call("nvmlDeviceGetHandleByUUID", lambda u: by("uuid", u))
+    call("nvmlDeviceGetHandleByPciBusId_v2", lambda p: by("bus", p))
+    call("nvmlSystemGetDriverVersion", lambda: b"570.1")
+    call("nvmlSystemGetCudaDriverVersion_v2", lambda: 12080)
+    call("nvmlDeviceGetMaxClockInfo", lambda h, k: boards[h]["sm"] + 1000 if k == 0 else 2619)
+    call("nvmlDeviceGetEnforcedPowerLimit", lambda h: 700_000)
+    call("nvmlDeviceGetClockInfo", lambda h, k: boards[h]["sm"] if k == 0 else 2619)
+    call("nvmlDeviceGetPowerUsage", lambda h: 300_000)
+    call("nvmlDeviceGetTemperature", lambda h, k: 40 + h)
+    call("nvmlDeviceGetUtilizationRates", lambda h: type("U", (), {"gpu": 99, "memory": 50})())
+    call("nvmlDeviceGetMemoryInfo", lambda h: type("M", (), {"used": 10 * 2**30})())
+    call("nvmlDeviceGetCurrentClocksEventReasons", lambda h: 0x4)
+    return m
+
+
+BOARDS = [dict(uuid=f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-000000000000", bus=f"00000000:{0x10 + i:02X}:00.0", sm=1000 + 100 * i)
+          for i in range(4)]
+
+
+def visible_as_cuda0(monkeypatch, board: int, uuid: bool = True, pci: bool = True):
+    """torch sees only physical board `board`, as cuda:0 (CUDA_VISIBLE_DEVICES=board)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(board))
+    props = {"name": "NVIDIA H200"}
+    if uuid:
+        props["uuid"] = BOARDS[board]["uuid"].removeprefix("GPU-")  # torch prints the UUID bare
+    if pci:
+        props.update(pci_domain_id=0, pci_bus_id=0x10 + board, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), props)())
+
+
+def test_nvml_handle_found_by_uuid_not_by_index(monkeypatch):
+    from llmlab.core.device import _nvml_card
+
+    visible_as_cuda0(monkeypatch, 3)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_pynvml(BOARDS))
+    card = _nvml_card(0)
+    assert card["max_sm_clock_mhz"] == 2300  # board 3's, not board 0's 2000
+    assert card["nvml"].startswith("handle by uuid GPU-3333")
+
+
+def test_nvml_handle_falls_back_to_pci_bus_id(monkeypatch):
+    from llmlab.core.device import nvml_handle
+
+    visible_as_cuda0(monkeypatch, 2, uuid=False)
+    h, how = nvml_handle(fake_pynvml(BOARDS), 0)
+    assert h == 2 and how == "pci 00000000:12:00.0"
+    visible_as_cuda0(monkeypatch, 2, uuid=False, pci=False)
+    with pytest.raises(LookupError, match="uuid: torch does not report it"):  # never silently board 0
+        nvml_handle(fake_pynvml(BOARDS), 0)
+
+
+def test_telemetry_reads_the_visible_board_and_keeps_samples_without_power(monkeypatch):
+    import time
+
+    from llmlab.core.telemetry import Telemetry
+
+    visible_as_cuda0(monkeypatch, 3)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_pynvml(BOARDS, refuse={"nvmlDeviceGetPowerUsage"}))
+    with Telemetry(Device("cuda:0"), interval_s=0.002) as tel:
+        time.sleep(0.05)
+    s = tel.summary()
+    assert s["source"] == "nvml" and s["n_samples"] >= 1  # one refused field no longer drops the sample
+    assert s["sm_clock_mhz"]["median"] == 1300 and s["temp_c"]["max"] == 43  # board 3
+    assert s["power_w"] is None and s["unsupported"] == {"power_w": "Not Supported"}
+    assert s["throttle_reasons"] == ["sw_power_cap"]
+
+
+def test_device_card_nvml_fields_are_read_one_by_one(monkeypatch):
+    from llmlab.core.device import _nvml_card
+
+    visible_as_cuda0(monkeypatch, 1)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml",
+                        fake_pynvml(BOARDS, refuse={"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetMaxClockInfo"}))
+    card = _nvml_card(0)
+    assert card["driver"] == "570.1" and card["cuda_driver"] == 12080  # what NVML does answer is kept
+    assert card["power_limit_w"] is None and card["max_sm_clock_mhz"] is None
+    assert card["nvml_unsupported"] == {"power_limit_w": "Not Supported", "max_sm_clock_mhz": "Not Supported",
+                                        "max_mem_clock_mhz": "Not Supported"}
