@@ -450,8 +450,10 @@ def test_waterfall_figure():
            "prefill_ms": 12.0, "other_ms": 0.5},
           {"scenario": "chat, cold start", "queue_ms": 0.0, "cold_start_ms": 5000.0, "retrieval_ms": 0.0,
            "prefill_ms": 12.0, "other_ms": 0.5}]
-    (title, fig), = lab.figures(_result(scenarios=sc))
+    (title, fig), = lab.figures(_result(scenarios=sc))  # no sweep: the waterfall only
     assert title == "TTFT waterfall" and isinstance(fig, matplotlib.figure.Figure)
+    sweep = [{"prompt_tokens": t, "prefill_ms": 0.1 * t, "napkin_prefill_ms": 0.05 * t} for t in (16, 256)]
+    assert [t for t, _ in lab.figures(_result(scenarios=sc, prompt_sweep=sweep))] == ["TTFT waterfall", "Prefill vs napkin"]
     bars = [p for p in fig.axes[1].patches]
     assert sum(b.get_width() for b in bars) == pytest.approx(2 * 12.5 + 5000.0)  # the layers stack to each TTFT
 

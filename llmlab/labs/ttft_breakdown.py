@@ -800,4 +800,16 @@ def figures(result: LabResult) -> list[tuple[str, object]]:
     axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle("TTFT waterfall: where the time to first token goes", fontsize=10)
     fig.tight_layout()
-    return [("TTFT waterfall", fig)]
+    out = [("TTFT waterfall", fig)]
+    sw = result.tables.get("prompt_sweep")
+    if not _empty(sw):  # prefill against its napkin time, log-log: the gap closes as compute takes over
+        fig2, ax = plt.subplots(figsize=(6, 3.5))
+        ax.loglog(sw["prompt_tokens"], sw["prefill_ms"], "o-", label="prefill, measured (median)")
+        ax.loglog(sw["prompt_tokens"], sw["napkin_prefill_ms"], "s--", label="napkin: FLOPs / matmul rate")
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=7)
+        ax.set_title("Prefill vs the napkin time", fontsize=10)
+        fig2.tight_layout()
+        out.append(("Prefill vs napkin", fig2))
+    return out
