@@ -571,6 +571,38 @@ def prefill_decode(
             link_GBps=link_gbps, dtype=dtype, threads=threads)
 
 
+from llmlab.labs.serving import Config as _SV  # noqa: E402  (light: torch loads inside the lab)
+
+_SVD, _SVQ = _SV(), _SV.quick()
+
+
+@app.command("serving", rich_help_panel=LABS)
+def serving(
+    model: ModelOpt = "tiny",
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="An OpenAI-compatible server (http://host:port): parts 1 and 4 measure it; the rest need the in-process engine.", show_default=False)] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help=f"Top of the concurrency sweep (>= 1). Default {_SVD.max_concurrency} ({_SVQ.max_concurrency} with --quick).", show_default=False)] = None,
+    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", help=f"KV pool of part 3, in blocks of 16 tokens (at least one conversation). Default {_SVD.kv_blocks}.", show_default=False)] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help=f"Your machine's price in $/hour for the cost part (>= 0). Default {_SVD.price_per_hour:g}: an example, not a market price.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Serving: concurrency, static vs continuous batching, KV capacity, prefix reuse, chunked prefill, cost per token.
+
+    One request at a time leaves a GPU mostly idle; batching is the lever, and the KV cache, not the weights, limits how many conversations fit. This lab measures each on llmlab's paged, continuously batching engine (checked exact against HF first): tokens/s and TTFT/ITL/TPOT (vLLM's definitions) vs concurrency with the step-time knee and the compute and bandwidth utilisation at 1 client; static vs continuous batching under Poisson arrivals with mixed reply lengths; peak concurrent conversations in a fixed KV pool against blocks / blocks per conversation; a shared system prompt with the prefix cache off and on; the ITL of running decodes while a long prompt is prefilled whole or in chunks; and $ per 1M tokens from the measured throughput. With --endpoint the client-side parts run against any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp, llmlab serve).
+    """
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise UsageError(f"--endpoint {endpoint!r}: give an http(s) URL, e.g. http://127.0.0.1:8000")
+    if endpoint is not None:
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(endpoint.rstrip("/") + "/v1/models", timeout=5)
+        except Exception as exc:  # noqa: BLE001  (any failure to reach it is the same bad input)
+            raise UsageError(f"--endpoint {endpoint}: not reachable ({exc})") from None
+    run_lab("serving", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, endpoint=endpoint,
+            max_concurrency=max_concurrency, kv_blocks=kv_blocks, price_per_hour=price_per_hour)
+
+
 # ---------------------------------------------------------------- entry point
 
 

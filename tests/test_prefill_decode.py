@@ -227,9 +227,17 @@ def llmlab(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env)
 
 
+@pytest.mark.parametrize("kw", [dict(prompt_lens=()), dict(prompt_lens=(0, 16)), dict(prompt_lens=(-5,)),
+                                dict(batch_sizes=(0,)), dict(batch_sizes=()), dict(output_lens=(1,)), dict(link_GBps=-1.0),
+                                dict(models=())])
+def test_config_refuses_bad_values(kw):
+    with pytest.raises(ValueError):
+        P.Config(**kw)
+
+
 @pytest.mark.parametrize("args", [
-    ["--prompt-lens", ""], ["--prompt-lens", "0,16"], ["--prompt-lens", "-5"], ["--prompt-lens", "abc"],
-    ["--batch-sizes", "0"], ["--prompt-lens", "100000"], ["--link-GBps", "-1"], ["--model", "nope"],
+    ["--prompt-lens", ""], ["--prompt-lens", "abc"], ["--batch-sizes", "0"], ["--prompt-lens", "100000"],
+    ["--link-GBps", "-1"],
 ])
 def test_bad_input_exits_2_with_one_line(args):
     p = llmlab(*args, "--quick", "--no-save", "--device", "cpu", timeout=120)
