@@ -412,7 +412,10 @@ def test_cli_end_to_end_quick(quick):
     att = res.tables["attribution"].set_index("injected_into")
     delay = lab.Config.quick().attribution_delay_ms
     assert att.loc["none", "delay_ms"] == 0 and att.loc["prefill", "delay_ms"] == delay
-    assert att.loc["prefill", "d_prefill_ms"] == pytest.approx(delay, rel=0.2)  # loose: a busy shared CPU
+    for target in ("template_tokenize", "prefill", "first_token"):  # loose (the unit tests are strict): at load 15
+        # a tiny prefill's fastest-of-4 moves by +-50 ms, so only "the largest shift is in the delayed phase"
+        shifts = {p: att.loc[target, f"d_{p}_ms"] for p in ("template_tokenize", "prefill", "first_token")}
+        assert max(shifts, key=shifts.get) == target and shifts[target] > 0.5 * delay, (target, shifts)
     sw = res.tables["prompt_sweep"]
     assert (sw["napkin_prefill_ms"] > 0).all() and (sw["matmul_gflop_per_s"] > 0.5).all()
     np.testing.assert_allclose(sw["rate_vs_napkin"], sw["napkin_prefill_ms"] / sw["prefill_ms"])

@@ -39,7 +39,7 @@ import pandas as pd
 from llmlab.core.device import Device, torch_threads
 from llmlab.core.render import track
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
-from llmlab.core.timing import autorange, summarize
+from llmlab.core.timing import summarize
 from llmlab.inference import serving
 from llmlab.inference.serving import PHASES, Request, Trace
 
@@ -272,18 +272,20 @@ def napkin_flops(p_layers: int, layers: int, d_attn: int, t: int) -> float:
     return 2.0 * p_layers * t + 2.0 * layers * d_attn * t * t
 
 
-def matmul_gflops(ctx: Ctx, t: int, min_run_s: float) -> float:
+def matmul_gflops(ctx: Ctx, t: int, blocks: int = 5) -> float:
     """The device's matmul rate at this token count: (t, hidden) @ (hidden, intermediate), the MLP's
-    up-projection, in the model's dtype, timed with torch.utils.benchmark. GFLOP/s."""
+    up-projection, in the model's dtype, timed in blocks of back-to-back calls by core.roofs.time_blocks
+    (operands warm in cache, as inside a prefill: its activations stay hot). GFLOP/s."""
     import torch
+
+    from llmlab.core.roofs import gemm_operands, matmul_fn, time_blocks
 
     c = ctx.model.config
     k, n = c.hidden_size, getattr(c, "intermediate_size", 4 * c.hidden_size)
-    dtype = next(ctx.model.parameters()).dtype
-    a = torch.randn(t, k, device=ctx.device.torch, dtype=dtype)  # (T, H)
-    w = torch.randn(k, n, device=ctx.device.torch, dtype=dtype)  # (H, I)
-    with torch.inference_mode():
-        st = autorange(lambda: a @ w, ctx.device, min_run_time=min_run_s)
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(next(ctx.model.parameters()).dtype, "fp32")
+    gen = torch.Generator(device=ctx.device.torch).manual_seed(0)
+    a, w, out = gemm_operands(t, n, k, dtype, ctx.device, gen)  # (T, H) @ (H, I) -> (T, I)
+    st, _ = time_blocks(matmul_fn("torch", a, w, out), ctx.device, blocks=blocks, min_block_s=0.01)
     return 2.0 * t * k * n / st.median_s / 1e9
 
 
@@ -296,7 +298,7 @@ def prompt_sweep(ctx: Ctx, lengths: list[int], progress) -> tuple[list[dict], di
         # exactly its last n tokens
         req = Request(ctx.tokenizer.decode(ids[: n + 8]), new_tokens=1, max_prompt_tokens=n)
         ctx.serve(req)  # warm-up at this length (allocator, cache sizes)
-        rate = matmul_gflops(ctx, n, min(0.2, ctx.cfg.sweep_max_s / 4))  # measured just before its prefills
+        rate = matmul_gflops(ctx, n)  # measured just before its prefills
         ts, t0 = [], time.perf_counter()
         while len(ts) < ctx.cfg.sweep_repeats and (not ts or time.perf_counter() - t0 < ctx.cfg.sweep_max_s):
             ts.append(ctx.serve(req))
