@@ -5,7 +5,6 @@ end (values, report size, unit names) and its bad inputs."""
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -393,18 +392,16 @@ UNITS = ("_ms", "_pct", "_per_s", "_gflop", "_ms_per_tok", "_ms_per_tok2")
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ttft")
-    p = _cli("ttft", "--prompt-len", "256", "--device", "cpu", "--quick", "--json", "--out", str(out))
-    assert p.returncode == 0, p.stderr[-2000:]
-    return LabResult.from_dict(json.loads(p.stdout))
+def quick(quick_run):
+    return LabResult.from_dict(quick_run("ttft-breakdown").data)  # the session's one quick run (tests/conftest.py)
 
 
 def test_cli_end_to_end_quick(quick):
     res = quick
     assert res.lab == "ttft-breakdown" and not res.interrupted and res.judge_version == lab.JUDGE_VERSION
     assert [c.id for c in res.claims] == CLAIM_IDS
-    assert res.tables["prompt_sweep"]["prompt_tokens"].tolist() == [16, 40, 102, 256]  # reaches --prompt-len
+    sweep = res.tables["prompt_sweep"]["prompt_tokens"].tolist()
+    assert sweep[0] == 16 and sweep[-1] == lab.Config.quick().prompt_len and sweep == sorted(sweep)  # reaches --prompt-len
     req = res.tables["requests"]
     q = res.tables["queueing"]
     assert len(req) == 3 + res.tables["prompt_sweep"]["n"].sum() + 3 + q["n"].sum()  # chat, sweep, RAG, queue
