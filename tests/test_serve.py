@@ -237,6 +237,15 @@ def test_calculate_metrics_follows_vllm_definitions():
     assert m.total_output_tokens == 7 and math.isclose(m.output_throughput, 3.5) and math.isclose(m.request_throughput, 1.0)
 
 
+def test_a_port_in_use_exits_2_with_one_line(server):
+    base, _ = server
+    port = base.rsplit(":", 1)[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "llmlab", "serve", "--device", "cpu", "--port", port], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_ctrl_c_shuts_down_cleanly(server):
     base, proc = server
     proc.send_signal(signal.SIGINT)
