@@ -9,7 +9,7 @@ TORCH_CPU ?= torch==2.13.0
 LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
+.PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine clean $(addprefix lab-,$(LABS))
 
 # The main job: install, then one lab on the built-in model pair (no download).
 DEMO    ?= speculative --quick
@@ -70,7 +70,7 @@ GPU_CHECK_DEVICE ?= cuda
 gpu-check: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m llmlab.core.gpucheck --device $(GPU_CHECK_DEVICE) --out $(OUT)
 
-bench-roofline bench-samplers bench-speculative: bench-%: install  # static pattern (see lab-%)
+bench-roofline bench-samplers bench-speculative bench-engine: bench-%: install  # static pattern (see lab-%)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)
 
 clean:

@@ -75,7 +75,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--hf-batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     dev = resolve_device(args.device, None)
     lm = load("tiny", dev)
@@ -100,6 +103,7 @@ def main() -> None:
     for r in range(args.rounds):
         for k in (list(contenders) if r % 2 == 0 else list(reversed(contenders))):
             rates[k].append(contenders[k]())
+            print(f"  round {r + 1}: {k}: {rates[k][-1]:.1f} output tokens/s", flush=True)
     names = list(contenders)
     ratios = {
         "engine / engine at max_num_seqs 1": [a / b for a, b in zip(rates[names[0]], rates[names[1]], strict=True)],
