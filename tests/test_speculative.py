@@ -1,8 +1,11 @@
 """Speculative decoding: nothing changes but the speed.
 
 - greedy: speculative output == plain greedy of the target, token for token (FP32), chain, policies, tree;
-- sampled: the exact law of verification (enumeration on a toy model, small vocabulary) equals the
-  target's, and the sampler's counts pass a chi-square test against the exact target distribution;
+- sampled: the exact output law of `speculative_generate` and `tree_generate` themselves, enumerated
+  by a random source that walks every branch, equals the target's (a trigram table LM with a KV cache:
+  cheap enough to enumerate); B = 1 runs over many seeds pass a chi-square test of the JOINT law of
+  their first tokens, and they did take multi-token accepts, residual draws at positions 2-3 and bonus
+  tokens (issue 12 item 4); batched samples pass a chi-square test too;
 - edge cases: p == q, disjoint supports, a one-hot draft, EOS inside a draft, the length limit;
 - the tree forward (4D mask, depth positions) equals sequential forwards of each path.
 
@@ -13,7 +16,6 @@ fixed, so a run is reproducible) and sample counts that detect Cohen's w >= 0.1 
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -153,8 +155,10 @@ def test_verify_counts_match_the_plan_chi_square():
     for key in zip(n.tolist(), nxt[:, 0].tolist(), strict=True):
         counts[key] = counts.get(key, 0) + 1
     assert _chisquare(counts, law, N) > SIGNIFICANCE
-    one = S.verify(x, q, p, torch.Generator().manual_seed(1))  # the plain 1-D function agrees in form
-    assert isinstance(one[0], int) and 0 <= one[0] <= g and 0 <= one[1] < vocab
+    for seed in range(5):  # the 1-D function is the batched one on one row: same draws, same answer
+        one = S.verify(x, q, p, torch.Generator().manual_seed(seed))
+        n1, nxt1 = S.verify_rows(x[None], q[None], p[None], torch.Generator().manual_seed(seed))
+        assert one == (int(n1[0]), int(nxt1[0, 0]))
 
 
 def test_greedy_verify():
@@ -210,53 +214,229 @@ def _target_law(p: _Exact, prompt: tuple, L: int) -> dict:
     return law
 
 
-def _speculative_law(p: _Exact, q: _Exact, prompt: tuple, L: int, gamma: int) -> dict:
-    """The law of speculative_generate's output, enumerated: every draft, every accept/reject outcome."""
-    law: dict = {}
-
-    def rec(out: tuple, mass: float):
-        remaining = L - len(out)
-        if remaining <= 0:
-            law[out[:L]] = law.get(out[:L], 0.0) + mass
-            return
-        g = min(gamma, remaining - 1)
-        ctx = prompt + out
-        if g == 0:
-            for y, py in enumerate(p(ctx).tolist()):
-                if py > 0:
-                    rec(out + (y,), mass * py)
-            return
-        for xs in itertools.product(range(V), repeat=g):
-            qx, qs, seq = 1.0, [], ctx
-            for x in xs:
-                qs.append(q(seq))
-                qx *= float(qs[-1][x])
-                seq += (x,)
-            if qx == 0:
-                continue
-            ps = torch.stack([p(ctx + xs[:i]) for i in range(g + 1)])
-            acc, nd = S.rejection_plan(torch.tensor([xs]), torch.stack(qs)[None], ps[None])
-            acc, nd = acc[0].tolist(), nd[0].tolist()
-            for n in range(g + 1):
-                pn = math.prod(acc[:n]) * ((1 - acc[n]) if n < g else 1.0)
-                for y, py in enumerate(nd[n]):
-                    if pn * py > 0:
-                        rec(out + xs[:n] + (y,), mass * qx * pn * py)
-
-    rec((), 1.0)
+def _table_law(model, prompt: tuple, L: int, params: SamplingParams) -> dict:
+    """The target's exact law of L tokens after `prompt`, from full forwards of every context."""
+    p, vocab = _Exact(model, params), model.config.vocab_size
+    law = {}
+    for ys in itertools.product(range(vocab), repeat=L):
+        pr, seq = 1.0, prompt
+        for y in ys:
+            pr *= float(p(seq)[y])
+            seq += (y,)
+        if pr > 0:
+            law[ys] = pr
     return law
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=3)])
-def test_exact_enumeration_equals_target(toy_pair, params):
-    target, draft = toy_pair
-    p, q = _Exact(target, params), _Exact(draft, params)
+class _TableLM(torch.nn.Module):
+    """A trigram LM over a KV cache, as cheap as a table lookup: next-token logits = table[a, b], where
+    b is the token itself and a the one before it in the query's context.
+
+    It stores (token, position) pairs as its cache "keys", so cropping and tree compaction act on it
+    as on a transformer's cache, and it honours a 4D tree attention mask: a query's context is the
+    keys it may attend to, in position order. A cache or mask bug changes `a` and so the law.
+    """
+
+    def __init__(self, table: torch.Tensor):
+        from transformers import LlamaConfig
+
+        super().__init__()
+        self.table = torch.nn.Parameter(table, requires_grad=False)  # (V + 1, V, V): row V = "no token before"
+        v = table.shape[-1]
+        self.config = LlamaConfig(vocab_size=v, num_hidden_layers=1, hidden_size=8, num_attention_heads=1,
+                                  num_key_value_heads=1, head_dim=2, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, attention_mask=None,
+                position_ids=None, **kw):
+        from types import SimpleNamespace
+
+        B, T = input_ids.shape
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T).expand(B, -1)
+        kv = torch.stack([input_ids.float(), position_ids.float()], -1)[:, None]  # (B, 1, T, 2)
+        if past_key_values is not None:
+            kv, _ = past_key_values.update(kv, kv, 0)  # (B, 1, past + T, 2)
+        tok, pos = kv[:, 0, :, 0].long(), kv[:, 0, :, 1].long()  # (B, K)
+        K = tok.shape[1]
+        if attention_mask is not None and attention_mask.dim() == 4:
+            allowed = attention_mask[0, 0] == 0  # (T, K)
+        else:
+            allowed = torch.arange(K)[None, :] <= (K - T + torch.arange(T))[:, None]  # causal
+        v = self.table.shape[-1]
+        logits = torch.empty(B, T, v)
+        for b in range(B):
+            for i in range(T):
+                keys = allowed[i].nonzero().flatten().tolist()
+                keys.sort(key=lambda j: int(pos[b, j]))
+                ctx = [int(tok[b, j]) for j in keys]
+                a = ctx[-2] if len(ctx) > 1 else v
+                logits[b, i] = self.table[a, ctx[-1]]
+        keep = logits_to_keep or T
+        return SimpleNamespace(logits=logits[:, -keep:])
+
+
+def _table_pair(vocab: int = 4, seed: int = 0, noise: float = 1.0):
+    """A target trigram table and a draft that agrees with it only partly (the target's logits plus noise)."""
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.randn(vocab + 1, vocab, vocab, generator=gen) * 1.5
+    d = t + noise * torch.randn(t.shape, generator=gen)
+    return _TableLM(t), _TableLM(d)
+
+
+class _Enumerate:
+    """A random source for speculative_generate / tree_generate that walks every branch (depth first).
+
+    Each call of the loop follows one path: choices already on the path are replayed, a new choice
+    point takes its first outcome and leaves the others for later runs. `prob` is the path's exact
+    probability (float64), so summing outputs over all paths gives the loop's exact output law.
+    """
+
+    def __init__(self):
+        self.todo: list[list[int]] = [[]]
+        self.path: list[int] = []
+        self.at = 0
+        self.prob = 1.0
+
+    def next_path(self) -> bool:
+        if not self.todo:
+            return False
+        self.path, self.at, self.prob = self.todo.pop(), 0, 1.0
+        return True
+
+    def _choose(self, outcomes: list[tuple[object, float]]):
+        if self.at == len(self.path):
+            self.todo += [self.path + [i] for i in range(1, len(outcomes))]
+            self.path = self.path + [0]
+        value, pr = outcomes[self.path[self.at]]
+        self.at += 1
+        self.prob *= pr
+        return value
+
+    def categorical(self, p: torch.Tensor, k: int) -> torch.Tensor:
+        rows = []
+        for row in p.double():
+            row = row / row.sum()
+            support = [(i, float(row[i])) for i in row.nonzero().flatten().tolist()]
+            rows.append([self._choose(support) for _ in range(k)])
+        return torch.tensor(rows, dtype=torch.long, device=p.device)
+
+    def bernoulli(self, p: torch.Tensor) -> torch.Tensor:
+        out = []
+        for x in p.double().flatten().tolist():
+            x = min(1.0, max(0.0, x))
+            out.append(self._choose([o for o in ((True, x), (False, 1 - x)) if o[1] > 0]))
+        return torch.tensor(out, dtype=torch.bool, device=p.device).reshape(p.shape)
+
+
+def _enumerated_law(fn) -> dict:
+    """The exact law of fn(generator) -> tokens (1, L), by running fn once per random path."""
+    src, law, runs = _Enumerate(), {}, 0
+    while src.next_path():
+        out = tuple(fn(src).tokens[0].tolist())
+        law[out] = law.get(out, 0.0) + src.prob
+        runs += 1
+    return law
+
+
+ENUM_CASES = {  # (what, output length): every case covers a multi-token accept, a residual and a bonus token
+    # (gamma 3 is enumerable too, 20x the paths: the B = 1 chi-square test below covers it)
+    "chain gamma=2": (lambda t, d, ids, L, pr, g: S.speculative_generate(t, d, ids, L, gamma=2, params=pr, generator=g), 3),
+    "tree sampled": (lambda t, d, ids, L, pr, g: S.tree_generate(t, d, ids, L, branching=(2, 1), params=pr, generator=g), 3),
+    "tree top-k": (lambda t, d, ids, L, pr, g: S.tree_generate(t, d, ids, L, branching=(2, 1), params=pr, generator=g,
+                                                              children="topk"), 3),
+}
+
+
+@pytest.mark.parametrize("case", list(ENUM_CASES))
+def test_exact_enumeration_equals_target(case):
+    """speculative_generate / tree_generate themselves, every random branch walked with its probability:
+    the output law equals the target's to float32 rounding (a lossy residual or bonus would be off by ~0.01)."""
+    fn, L = ENUM_CASES[case]
+    target, draft = _table_pair()
+    params = SamplingParams(temperature=1.0, top_k=2)
     prompt = (1, 3)
-    want = _target_law(p, prompt, 3)
-    got = _speculative_law(p, q, prompt, 3, gamma=2)
-    assert abs(sum(got.values()) - 1) < 1e-12
+    got = _enumerated_law(lambda src: fn(target, draft, torch.tensor([prompt]), L, params, src))
+    want = _table_law(target, prompt, L, params)
+    assert abs(sum(got.values()) - 1) < 1e-6
     tv = 0.5 * sum(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in set(got) | set(want))
-    assert tv < 1e-12, f"total variation {tv}"
+    assert tv < 1e-6, f"total variation {tv}"
+
+
+def test_enumeration_catches_a_lossy_verifier(monkeypatch):
+    """The enumeration can fail: a verifier that forgets the residual (draws from p at a rejection) is caught."""
+    target, draft = _table_pair()
+    params = SamplingParams(temperature=1.0, top_k=2)
+
+    def lossy(draft_tokens, draft_probs, target_probs):
+        accept, _ = real(draft_tokens, draft_probs, target_probs)
+        return accept, target_probs  # p instead of norm(max(0, p - q))
+
+    real = S.rejection_plan
+    monkeypatch.setattr(S, "rejection_plan", lossy)
+    got = _enumerated_law(lambda src: S.speculative_generate(target, draft, torch.tensor([[1, 3]]), 3, gamma=2,
+                                                              params=params, generator=src))
+    want = _table_law(target, (1, 3), 3, params)
+    assert 0.5 * sum(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in set(got) | set(want)) > 1e-3
+
+
+B1_RUNS = 600  # B = 1 runs per method: a departure of Cohen's w ~0.26 (on ~25 cells) is found with power 0.8
+
+
+@pytest.mark.parametrize("method", ["chain gamma=3", "tree sampled"])
+def test_b1_joint_law_of_first_tokens_chi_square(method):
+    """Issue 12 item 4: B = 1 runs over many seeds, the JOINT law of the first 3 tokens and of all 4 against
+    the target's, chi-square; the runs did accept several drafts, draw residuals at 2-3 and bonus tokens."""
+    from llmlab.labs.speculative import coverage
+
+    target, draft = _table_pair(vocab=4, seed=1)
+    params = SamplingParams(temperature=1.0, top_k=3)
+    prompt, L = (2, 1), 4
+    law = _table_law(target, prompt, L, params)
+    ids, gen = torch.tensor([prompt]), torch.Generator()
+    outs, cov = [], {"multi_accept_rounds": 0, "residual_draws": 0, "bonus_tokens": 0}
+    for seed in range(B1_RUNS):
+        gen.manual_seed(seed)
+        if method == "chain gamma=3":
+            out = S.speculative_generate(target, draft, ids, L, gamma=3, params=params, generator=gen)
+        else:
+            out = S.tree_generate(target, draft, ids, L, branching=(2, 2, 1), params=params, generator=gen,
+                                  children="sample" if method == "tree sampled" else "topk")
+        outs.append(tuple(out.tokens[0].tolist()))
+        for k, v in coverage(out.stats, L).items():
+            cov[k] += v
+    assert cov["multi_accept_rounds"] > 50 and cov["residual_draws"] > 50 and cov["bonus_tokens"] > 50, cov
+    first3: dict = {}
+    for k, v in law.items():
+        first3[k[:3]] = first3.get(k[:3], 0.0) + v
+    for keep, exact in ((3, first3), (4, law)):
+        counts: dict = {}
+        for o in outs:
+            counts[o[:keep]] = counts.get(o[:keep], 0) + 1
+        p, cells = S.chisquare_pvalue(counts, exact, B1_RUNS)
+        assert cells >= 15 and S.detectable_effect(cells, B1_RUNS) < 0.3  # the test has power, not just a pass
+        assert p > SIGNIFICANCE, f"{method}, first {keep} tokens: p = {p:.2e}"
+
+
+def test_b1_chi_square_catches_a_lossy_bonus(monkeypatch):
+    """The B = 1 test can fail: a bonus token drawn from the draft's q instead of p is rejected."""
+    target, draft = _table_pair(vocab=4, seed=1)
+    params = SamplingParams(temperature=1.0, top_k=3)
+    real = S.rejection_plan
+
+    def lossy(draft_tokens, draft_probs, target_probs):
+        accept, nd = real(draft_tokens, draft_probs, target_probs)
+        return accept, torch.cat([nd[:, :-1], draft_probs[:, -1:]], 1)  # the bonus from q at the last draft
+
+    monkeypatch.setattr(S, "rejection_plan", lossy)
+    law = _table_law(target, (2, 1), 4, params)
+    gen, counts = torch.Generator(), {}
+    for seed in range(B1_RUNS):
+        gen.manual_seed(seed)
+        o = tuple(S.speculative_generate(target, draft, torch.tensor([[2, 1]]), 4, gamma=3, params=params,
+                                         generator=gen).tokens[0].tolist())
+        counts[o] = counts.get(o, 0) + 1
+    assert S.chisquare_pvalue(counts, law, B1_RUNS)[0] < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------- the sampler, end to end, chi-square
@@ -341,6 +521,9 @@ def test_hf_assisted_matches_plain_greedy(tiny_pair):
     eos = (ref[0] == target.config.eos_token_id).nonzero()
     k = int(eos[0]) if len(eos) else 24  # HF's min_new_tokens suppresses EOS: compare up to it
     assert torch.equal(hf[:, :k], ref[:, :k])
+    for kw in (dict(gamma=None, schedule=None, confidence=None), dict(gamma=2, schedule="heuristic", confidence=0.0)):
+        hf = S.hf_assisted_generate(target, draft, ids, 24, **kw)  # HF's own dynamic settings (the benchmark's peer)
+        assert torch.equal(hf[:, :k], ref[:, :k]) and draft.generation_config.to_dict() == before, kw
 
 
 # ---------------------------------------------------------------- edge cases in the loop

@@ -60,6 +60,25 @@ def beta(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q).sum(-1)
 
 
+# Every random choice of the loops goes through these two functions. `generator` is a torch.Generator
+# (or None), or any object with `categorical(probs, k)` and `bernoulli(p)`: the tests pass one that walks
+# every branch with its exact probability, so the real loops' output law can be enumerated.
+
+
+def draw(p: torch.Tensor, generator=None, k: int = 1) -> torch.Tensor:
+    """k i.i.d. draws from each row of p (R, V) -> (R, k) token ids."""
+    if hasattr(generator, "categorical"):
+        return generator.categorical(p, k)
+    return torch.multinomial(p, k, replacement=True, generator=generator)
+
+
+def coin(p: torch.Tensor, generator=None) -> torch.Tensor:
+    """Independent Bernoulli(p) for each element of p (...) -> bool (...)."""
+    if hasattr(generator, "bernoulli"):
+        return generator.bernoulli(p)
+    return torch.rand(p.shape, generator=generator, device=p.device) < p
+
+
 # ---------------------------------------------------------------- verification
 
 
@@ -85,10 +104,9 @@ def rejection_plan(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target
 def verify_rows(draft_tokens, draft_probs, target_probs, generator: torch.Generator | None = None):
     """Rejection sampling on B rows at once: (B, g), (B, g, V), (B, g + 1, V) -> n_accepted (B,), next (B, 1)."""
     accept, next_dist = rejection_plan(draft_tokens, draft_probs, target_probs)
-    u = torch.rand(accept.shape, generator=generator, device=accept.device)
-    n = (u < accept).int().cumprod(dim=1).sum(dim=1)  # accepted prefix length, (B,)
+    n = coin(accept, generator).int().cumprod(dim=1).sum(dim=1)  # accepted prefix length, (B,)
     rows = torch.arange(n.shape[0], device=n.device)
-    return n, torch.multinomial(next_dist[rows, n], 1, generator=generator)
+    return n, draw(next_dist[rows, n], generator)
 
 
 def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
@@ -129,11 +147,10 @@ def multi_candidate_verify(p: torch.Tensor, candidates: Sequence[int], generator
     When all are rejected, draw from what is left. Returns (index of the accepted candidate or -1, token).
     """
     cur = p.clone()
-    u = torch.rand(len(candidates), generator=generator, device=p.device).tolist()
     for i, c in enumerate(candidates):
         pc = float(cur[c])
         qc = 1.0 if proposal is None else float(proposal[c])
-        if u[i] * qc < pc:  # u < min(1, p'/q)
+        if bool(coin(torch.tensor(min(1.0, pc / qc) if qc > 0 else 1.0, dtype=p.dtype), generator)):  # min(1, p'/q)
             return i, int(c)
         if proposal is None:
             cur[c] = 0.0
@@ -144,7 +161,7 @@ def multi_candidate_verify(p: torch.Tensor, candidates: Sequence[int], generator
             cur = p.clone()
             break
         cur /= mass
-    return -1, int(torch.multinomial(cur, 1, generator=generator))
+    return -1, int(draw(cur[None], generator)[0, 0])
 
 
 # ---------------------------------------------------------------- draft-length policies
@@ -298,7 +315,7 @@ def draft_chain(draft, cache, pending: torch.Tensor, g: int, params: SamplingPar
             q = None
         else:
             q = probs(logits, params)
-            x = torch.multinomial(q, 1, generator=generator)
+            x = draw(q, generator)
             qs.append(q)
         tokens.append(x)
         if policy is not None and i < g - 1 and policy.stop_after(_confidence(logits, q)):
@@ -385,7 +402,7 @@ def speculative_generate(
         else:
             p = probs(logits, params)
             n, nxt = (verify_rows(drafts, q, p, generator) if g > 0
-                      else (torch.zeros(B, dtype=torch.long, device=logits.device), torch.multinomial(p[:, 0], 1, generator=generator)))
+                      else (torch.zeros(B, dtype=torch.long, device=logits.device), draw(p[:, 0], generator)))
         n_list = n.tolist()  # the round's one host sync
         m = min(n_list)
         if m < max(n_list):  # min rule: rows that accepted more emit their accepted draft token at m
@@ -535,7 +552,7 @@ def draft_tree(draft, cache, pending: torch.Tensor, shape: TreeShape, params: Sa
         scores = logits if params.greedy else probs(logits, params)  # (B, n_parents, V)
         if children == "sample" and not params.greedy:
             qs.append(scores)
-            flat = torch.multinomial(scores.reshape(-1, scores.shape[-1]), k, replacement=True, generator=generator)
+            flat = draw(scores.reshape(-1, scores.shape[-1]), generator, k)
             kids = flat.reshape(B, -1, k)
         else:
             kids = scores.topk(k, dim=-1).indices  # (B, n_parents, k), in the BFS order of their parents
@@ -569,7 +586,7 @@ def _walk_sampled(shape: TreeShape, tokens: list[int], p: torch.Tensor, generato
     while True:
         kids = shape.children(node)
         if not kids:
-            return path, int(torch.multinomial(p[node + 1], 1, generator=generator))
+            return path, int(draw(p[node + 1][None], generator)[0, 0])
         prop = None if q is None else q[node + 1]
         i, tok = multi_candidate_verify(p[node + 1], [tokens[c] for c in kids], generator, prop)
         if i < 0:
@@ -619,7 +636,7 @@ def tree_generate(
             logits = decode.forward(target, last, t_cache).float()
             stats.target_forwards += 1
             nxt = (logits[:, -1].argmax(-1, keepdim=True) if params.greedy
-                   else torch.multinomial(probs(logits[:, -1], params), 1, generator=generator))
+                   else draw(probs(logits[:, -1], params), generator))
             paths, m, tokens = [[] for _ in range(B)], 0, last[:, :0]
             pending = torch.cat([pending, nxt], dim=1)
         else:
@@ -765,18 +782,25 @@ def exact_law(model, prompt: torch.Tensor, length: int, params: SamplingParams) 
 # ---------------------------------------------------------------- the HF peer
 
 
-def hf_assisted_generate(target, draft, input_ids: torch.Tensor, max_new_tokens: int, gamma: int, **kw) -> torch.Tensor:
-    """HF assisted generation with the same draft, a constant gamma, and the confidence stop off.
+def hf_assisted_generate(target, draft, input_ids: torch.Tensor, max_new_tokens: int, gamma: int | None,
+                         schedule: str | None = "constant", confidence: float | None = 0.0, **kw) -> torch.Tensor:
+    """HF assisted generation with the same draft.
 
-    HF reads these from the assistant's generation_config (`num_assistant_tokens`,
-    `num_assistant_tokens_schedule`, `assistant_confidence_threshold`: 0 turns the stop off);
-    they are restored afterwards. Batch size 1 only (an HF limit).
+    By default a constant gamma with the confidence stop off, as our chain loop drafts. `gamma`,
+    `schedule` ("constant" | "heuristic" | "heuristic_transient") or `confidence` None keep HF's own
+    default for that setting (transformers 5: 20 tokens, "constant", an adaptive confidence stop
+    starting at 0.4). HF reads these from the assistant's generation_config and adapts some of them
+    in place across calls; they are restored afterwards, so every call starts from the same state.
+    Batch size 1 only (an HF limit).
     """
     from transformers.utils import logging as hf_logging
 
     gc = draft.generation_config
     saved = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold)
-    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
+    for name, value in (("num_assistant_tokens", gamma), ("num_assistant_tokens_schedule", schedule),
+                        ("assistant_confidence_threshold", confidence)):
+        if value is not None:
+            setattr(gc, name, value)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # HF warns that its min-length processor is given twice: expected here
     try:
