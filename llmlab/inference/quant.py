@@ -69,9 +69,9 @@ def needs_fp8(name: str) -> bool:
     return name.startswith("fp8") or name == "nvfp4"
 
 
-def runnable(names, has_fp8: bool = HAS_FP8) -> list[str]:
+def runnable(names) -> list[str]:
     """The formats this torch can run (FP8 and NVFP4 need torch.float8_e4m3fn)."""
-    return [n for n in names if has_fp8 or not needs_fp8(n)]
+    return [n for n in names if HAS_FP8 or not needs_fp8(n)]
 
 
 @dataclass
@@ -309,14 +309,13 @@ class QuantLinear(torch.nn.Module):
         self.qt = quantize_weight(w, fmt)
         self.bias = None if linear is None or linear.bias is None else torch.nn.Parameter(linear.bias.detach().float())
         self.fmt = fmt
-        if fmt == "fp32":
-            self.path = "FP32 matmul (real kernel)"
-        elif fmt in ("bf16", "fp16"):
-            self.path = f"{fmt.upper()} matmul (real kernel)"
+        # the path, short (a report column): a real kernel, or "dequantize" = emulation, not the format's speed
+        if fmt in ("fp32", "bf16", "fp16"):
+            self.path = f"{fmt.upper()} matmul (kernel)"
         elif fmt == "int8":
-            self.path = "torch._weight_int8pack_mm (real int8 kernel)"
+            self.path = "int8pack_mm (kernel)"  # torch._weight_int8pack_mm: weight-only INT8 x FP32
         else:
-            self.path = "dequantize on the fly + FP32 matmul (no kernel)"
+            self.path = "dequantize+FP32 (emul)"  # unpack + scale to FP32, then an FP32 matmul: no kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (..., K)
         p = self.qt.parts

@@ -178,8 +178,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         res.add_table("kv_fit", kv_fit_rows(kvfmts, cfg.gpu_gb))
         res.note("quality: weights replaced by their quantize-dequantize round trip, compute in FP32 "
                  "(the format's rounding, not a kernel's)")
-        if not device.is_cuda:
-            res.note("CPU: INT4 and FP8 rows time dequantize-on-the-fly (no kernel here): not those formats' speed")
+        res.note("speed paths: int8pack_mm = torch._weight_int8pack_mm (a real weight-only INT8 kernel); "
+                 "dequantize+FP32 (emul) = INT4/FP8 unpacked every step: not those formats' speed")
     return res
 
 
