@@ -68,6 +68,7 @@ class Config:
     sizes: tuple[int, ...] = tuple(8 * 4**k for k in range(12)) + (64 * MiB,)  # 8 B .. 32 MiB x4 apart, then 64 MiB
     warmup: int = 2  # untimed collectives per size (connection setup, first-touch)
     max_iters: int = 50  # timed collectives per size at most (nccl-tests' default is 20)
+    blocks: int = 3  # the timed iterations in 3 blocks, the fastest block's mean kept (timeit's rule: less scheduler noise)
     point_s: float = 0.3  # target seconds of timed collectives per size (fewer iterations for big messages)
     batches: tuple[int, ...] = (1, 16)  # decode batches: latency-bound 1 and a small server batch
     context: int = 64  # cached positions before the timed decode steps
@@ -90,8 +91,8 @@ class Config:
             raise ValueError("--timeout-s must be > 0 seconds")
         if not self.sizes or any(s < 8 or s > 2**30 for s in self.sizes):
             raise ValueError("message sizes must be 8 B .. 1 GiB")
-        if not self.batches or any(b < 1 for b in self.batches) or self.context < 1 or self.steps < 3:
-            raise ValueError("batches and context must be >= 1, steps >= 3")
+        if not self.batches or any(b < 1 for b in self.batches) or self.context < 1 or self.steps < 3 or self.blocks < 1:
+            raise ValueError("batches, context and blocks must be >= 1, steps >= 3")
         if self.fit_context < 1 or self.fit_batch < 1 or not 0 < self.usable <= 1 or self.gpu_GB <= 0:
             raise ValueError("--fit-context and --fit-batch must be >= 1, usable in (0, 1], gpu_GB > 0")
 
@@ -173,9 +174,10 @@ def _collectives(cfg: Config, dev, world: int) -> list[dict]:
             iters = int(max(3, min(cfg.max_iters, cfg.point_s / max(one, 1e-7))))
             t = torch.tensor([iters], device=dev)
             dist.all_reduce(t, op=dist.ReduceOp.MIN)  # every rank runs the same count
-            sec = time_collective(op, size, dev, warmup=0, iters=int(t.item()))
+            per = max(1, int(t.item()) // cfg.blocks)
+            sec = min(time_collective(op, size, dev, warmup=0, iters=per) for _ in range(cfg.blocks))
             alg, bus = bandwidths(op, size, sec, world)
-            rows.append(dict(op=op, ranks=world, size_bytes=size, iters=int(t.item()), time_us=sec * 1e6,
+            rows.append(dict(op=op, ranks=world, size_bytes=size, iters=per * cfg.blocks, time_us=sec * 1e6,
                              algbw_GBps=alg, busbw_GBps=bus))
     return rows
 
@@ -212,6 +214,25 @@ def _steps(model, cfg: Config, dev, rank: int, world: int) -> list[dict]:
                                  tokens_per_s=b / step))
         dist.barrier()
     return rows
+
+
+def exactness_worker(rank: int, world: int, cfg: Config) -> dict | None:
+    """Part 1 alone on gloo ranks (what the tests run): the exactness row on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    from llmlab.core.models import load
+    from llmlab.inference.tp import ShardedLlama
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        with torch.inference_mode():
+            model = load(cfg.model, "cpu", dtype="float32").model
+            row = _exactness(model, ShardedLlama(model, rank, world), cfg, torch.device("cpu"))
+        return row if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
 
 
 def _worker(rank: int, world: int, cfg: Config, backend: str, cuda: bool) -> dict | None:
@@ -372,6 +393,8 @@ def judge(result: LabResult) -> list[Claim]:
     text = "all-reduce busbw reaches the link's spec"
     if coll is None or "busbw_GBps" not in coll:
         claims.append(Claim(n + "allreduce_busbw", text, f">= {LINK_SHARE:.0%} of spec", "-", None, "no collectives table"))
+        claims.append(Claim(n + "latency_floor", "small messages cost about the same time: a latency floor",
+                            f"t(<= {FLOOR_BYTES} B) within {FLOOR_RATIO:g}x", "-", None, "no collectives table"))
     else:
         p = plateau(coll)
         if link is None:
