@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 LAST_PIDS: list[int] = []  # the pids of the ranks the last launch() started (tests check that none survives)
+_STAGES: dict = {}  # in a spawned rank: {"q": the parent's queue, "rank": r}; empty elsewhere (torchrun, tests)
 
 
 # ---------------------------------------------------------------- nccl-tests' bandwidths
@@ -201,9 +202,16 @@ def in_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def stage(name: str) -> None:
+    """A rank says which part it starts; at a timeout the parent names the rank that fell behind."""
+    if _STAGES:
+        _STAGES["q"].put(("stage", _STAGES["rank"], name))
+
+
 def _rank_main(rank: int, world: int, port: int, worker: Callable, args: tuple, q) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
+    _STAGES.update(q=q, rank=rank)
     try:
         out = worker(rank, world, *args)
         if rank == 0:
@@ -242,7 +250,7 @@ def launch(worker: Callable, nproc: int, args: tuple = (), timeout_s: float = 12
     for p in procs:
         p.start()
     LAST_PIDS[:] = [p.pid for p in procs]
-    result, done, errors, failure = None, set(), {}, None
+    result, done, errors, failure, stages = None, set(), {}, None, {r: ["start"] for r in range(nproc)}
     deadline = time.monotonic() + timeout_s
     try:
         while len(done) < nproc:
@@ -250,6 +258,8 @@ def launch(worker: Callable, nproc: int, args: tuple = (), timeout_s: float = 12
                 kind, rank, payload = q.get(timeout=0.1)
                 if kind == "result":
                     result = payload
+                elif kind == "stage":
+                    stages[rank].append(payload)
                 elif kind == "done":
                     done.add(rank)
                 else:
@@ -279,8 +289,14 @@ def launch(worker: Callable, nproc: int, args: tuple = (), timeout_s: float = 12
                 break
             if time.monotonic() > deadline:
                 hung = [r for r in range(nproc) if r not in done]
-                failure = (f"rank(s) {', '.join(map(str, hung))} still running after --timeout-s {timeout_s:g} s "
-                           "(a hung rank or a collective that never completed); all ranks were stopped")
+                depth = {r: len(stages[r]) for r in hung}
+                behind = [r for r in hung if depth[r] == min(depth.values())]
+                if len(behind) < len(hung):  # one rank fell behind: the others wait for it in a collective
+                    failure = "; ".join(f"rank {r} hung in '{stages[r][-1]}'" for r in behind) + (
+                        f" (the other ranks wait for it in a collective) after --timeout-s {timeout_s:g} s; all ranks were stopped")
+                else:
+                    failure = (f"rank(s) {', '.join(map(str, hung))} still running after --timeout-s {timeout_s:g} s "
+                               f"(last in '{stages[hung[0]][-1]}'); all ranks were stopped")
                 break
     finally:
         _reap(procs)

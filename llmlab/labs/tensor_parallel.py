@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from llmlab.core.device import Device
 from llmlab.core.errors import UsageError
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
-from llmlab.inference.tp import OPS, bandwidths, divisible_sizes, in_torchrun, launch
+from llmlab.inference.tp import OPS, bandwidths, divisible_sizes, in_torchrun, launch, stage
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -253,12 +253,16 @@ def _worker(rank: int, world: int, cfg: Config, backend: str, cuda: bool) -> dic
         torch.set_num_threads(1)  # one core per rank: ranks must not fight over the cores
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
     try:
+        stage("group formed")
         _fault(cfg, rank)
         torch.manual_seed(cfg.seed)
         with torch.inference_mode():
             model = load(cfg.model, str(dev), dtype="float32").model
+            stage("part 1: exactness")
             exact = _exactness(model, ShardedLlama(model, rank, world), cfg, dev)
+            stage("part 2: collectives")
             coll = _collectives(cfg, dev, world)
+            stage("part 3: decode steps")
             steps = _steps(model, cfg, dev, rank, world)
         dist.barrier()
         return dict(exactness=[exact], collectives=coll, steps=steps, layers=model.config.num_hidden_layers,
