@@ -39,6 +39,19 @@ def test_killed_rank_exits_3_naming_it_and_leaves_no_orphan():
             os.kill(pid, 0)  # the rank is gone and reaped
 
 
+@pytest.mark.slow
+def test_hung_rank_is_named_at_the_timeout_and_leaves_no_orphan():
+    cfg = lab.Config(fault="hang:1", timeout_s=30)
+    with pytest.raises(MeasurementError, match="timeout-s 30") as exc:
+        tp.launch(lab._worker, 2, (cfg, "gloo", False), timeout_s=cfg.timeout_s)
+    assert exc.value.exit_code == 3
+    # rank 1 is named as the one behind, or (on a machine so loaded that rank 0 did not get ahead) both ranks are
+    assert "rank 1 hung in 'group formed'" in str(exc.value) or "rank(s) 0, 1" in str(exc.value)
+    for pid in tp.LAST_PIDS:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_busbw_formula_matches_a_hand_computed_case():
     # 1 MB in 1 ms = 1 GB/s algbw; 4 ranks: all-reduce x 2*3/4 = 1.5, all-gather / reduce-scatter x 3/4
     assert tp.bandwidths("all_reduce", 1e6, 1e-3, 4) == pytest.approx((1.0, 1.5))
