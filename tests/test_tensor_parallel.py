@@ -148,5 +148,7 @@ def test_head_count_not_divisible_names_the_sizes_that_divide():
     with pytest.raises(UsageError, match="sizes that divide: 2$") as exc:
         lab.check_heads(4, 2, 3)
     assert exc.value.exit_code == 2 and "TP 3" in str(exc.value)
-    lab.check_heads(4, 2, 2)  # tiny at TP 2: fine
+    lab.check_heads(4, 2, 2, 768)  # tiny at TP 2: fine
+    with pytest.raises(UsageError, match="MLP columns: TP sizes that divide: 2, 4$"):
+        lab.check_heads(8, 4, 8, 20)
     assert tp.divisible_sizes(64, 8) == [2, 4, 8]  # Llama-3.1-70B

@@ -93,6 +93,8 @@ class Config:
             raise ValueError("message sizes must be 8 B .. 1 GiB")
         if not self.batches or any(b < 1 for b in self.batches) or self.context < 1 or self.steps < 3 or self.blocks < 1:
             raise ValueError("batches, context and blocks must be >= 1, steps >= 3")
+        if self.fault and (self.fault.split(":")[0] not in ("kill", "hang") or not self.fault.split(":")[-1].isdigit()):
+            raise ValueError(f"fault {self.fault!r}: the test hook takes kill:RANK or hang:RANK")
         if self.fit_context < 1 or self.fit_batch < 1 or not 0 < self.usable <= 1 or self.gpu_GB <= 0:
             raise ValueError("--fit-context and --fit-batch must be >= 1, usable in (0, 1], gpu_GB > 0")
 
@@ -115,10 +117,13 @@ def check_ranks(nproc: int, backend: str, cuda: bool, gpus: int) -> str:
     return backend
 
 
-def check_heads(heads: int, kv_heads: int, tp: int) -> None:
-    if heads % tp or kv_heads % tp:
-        raise UsageError(f"TP {tp} does not divide {heads} query heads and {kv_heads} KV heads: "
-                         f"TP sizes that divide: {', '.join(map(str, divisible_sizes(heads, kv_heads))) or 'none'}")
+def check_heads(heads: int, kv_heads: int, tp: int, intermediate: int = 0) -> None:
+    """UsageError unless TP divides the query heads, the KV heads (no KV-head replication here) and the MLP width."""
+    if heads % tp or kv_heads % tp or (intermediate and intermediate % tp):
+        ok = [t for t in divisible_sizes(heads, kv_heads) if not intermediate or intermediate % t == 0]
+        raise UsageError(f"TP {tp} does not divide {heads} query heads and {kv_heads} KV heads"
+                         f"{f' and {intermediate} MLP columns' if intermediate else ''}: "
+                         f"TP sizes that divide: {', '.join(map(str, ok)) or 'none'}")
 
 
 # ---------------------------------------------------------------- the rank's work
@@ -333,7 +338,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     c = load_config(cfg.model)
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else cfg.nproc
     backend = check_ranks(world, cfg.backend, device.is_cuda, cuda_device_count())
-    check_heads(c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads, world)
+    check_heads(c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads, world,
+                c.intermediate_size)
     res = LabResult.new(LAB, VERSION, cfg)
     with res.guard():
         if in_torchrun():
