@@ -6,7 +6,7 @@ LLMLAB  := $(BIN)/llmlab
 OUT     ?= results
 # The CPU build of torch (small, on this disk); a GPU machine takes the default CUDA build.
 TORCH_CPU ?= torch==2.13.0
-LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative quantization
+LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine clean $(addprefix lab-,$(LABS))

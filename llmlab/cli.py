@@ -643,6 +643,29 @@ def quantization(
             kv=split(kv), arch=arch, repeats=repeats, eval_tokens=eval_tokens, threads=threads)
 
 
+from llmlab.labs.tensor_parallel import Config as _TP  # noqa: E402  (light: torch loads inside the lab)
+
+_TPD, _TPQ = _TP(), _TP.quick()
+
+
+@app.command("tensor-parallel", rich_help_panel=LABS)
+def tensor_parallel(
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help=f"Ranks = the TP degree (>= 2; one per GPU on CUDA). Default {_TPD.nproc}.", show_default=False)] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="auto (nccl on CUDA, gloo on the CPU) | gloo | nccl.", show_default=False)] = None,
+    timeout_s: Annotated[Optional[float], typer.Option("--timeout-s", help=f"Seconds before a rank still running is declared hung (exit 3). Default {_TPD.timeout_s:g} ({_TPQ.timeout_s:g} with --quick).", show_default=False)] = None,
+    fit_context: Annotated[Optional[int], typer.Option("--fit-context", help=f"Part 4: tokens per sequence. Default {_TPD.fit_context}.", show_default=False)] = None,
+    fit_batch: Annotated[Optional[int], typer.Option("--fit-batch", help=f"Part 4: sequences. Default {_TPD.fit_batch}.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Tensor parallelism: collectives and a sharded decode on torch.distributed (gloo on the CPU, NCCL on GPUs).
+
+    When a model or its KV cache outgrows one GPU, engines split each layer across GPUs and pay two all-reduces per layer. This lab spawns --nproc ranks, splits the built-in tiny Megatron-style (heads and KV heads column-split, o_proj and down row-split) and checks its logits against one process within 1e-5 first; times all-reduce, all-gather and reduce-scatter from 8 B up with nccl-tests' algbw and busbw; splits a decode step at TP 1 and TP n into compute and all-reduce time; and says by formula how many 80 GB GPUs Llama-3.1-70B needs. Also runs under torchrun --nproc-per-node N -m llmlab tensor-parallel.
+    """
+    run_lab("tensor-parallel", Common(device, gpu, quick, json_, out, no_save, seed, tables), nproc=nproc, backend=backend,
+            timeout_s=timeout_s, fit_context=fit_context, fit_batch=fit_batch)
+
+
 # ---------------------------------------------------------------- entry point
 
 
