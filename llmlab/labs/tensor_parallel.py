@@ -341,6 +341,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     check_heads(c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads, world,
                 c.intermediate_size)
     res = LabResult.new(LAB, VERSION, cfg)
+    load, cores = cpu_load()  # before the ranks start: their own load is not the machine's
+    res.env["cpu_load_before"] = load
     with res.guard():
         if in_torchrun():
             rank = int(os.environ["RANK"])
@@ -369,8 +371,6 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         else:
             res.skip("link", "no GPU (gloo over loopback TCP has no link spec)")
         res.note(f"{world} ranks on {out['backend']}; embeddings and LM head replicated on every rank")
-        load, cores = cpu_load()
-        res.env["cpu_load"] = load
         if not device.is_cuda and load is not None and load >= cores:
             res.note(f"CPU load average {load:.1f} on {cores} cores: these times are partly the scheduler's")
     return res
