@@ -19,6 +19,10 @@ The engine is checked exact before timing (logits vs HF within 1e-4, greedy vs
 `inference.decode.generate`). The prefix cache is off in the timed runs (random prompts share
 no prefix anyway; off means a repeat round cannot hit blocks cached by the previous one).
 Rounds interleave the three contenders, order alternating; ratios are medians of per-round ratios.
+
+Threads: on a machine shared with other jobs, pass --threads 1. With torch's two OpenMP threads
+fighting other processes for two busy cores (load ~15), every contender slowed by about 10x and
+the engine measured 13.6 output tokens/s instead of ~240; one thread each is the fair setting there.
 """
 
 from __future__ import annotations

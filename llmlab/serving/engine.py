@@ -126,16 +126,16 @@ class Engine:
     # ---------------------------------------------------------------- one step
 
     def build_batch(self, sched: list[Scheduled]) -> Batch:
+        """Plain Python lists, one tensor each at the end: small per-sequence tensors cost more than the lists."""
         bs = self.cfg.block_size
         ids, pos, slots, prefills, d_rows, d_tables, d_lens, logit_rows = [], [], [], [], [], [], [], []
         row = 0
         for s in sched:
             seq, a, n = s.seq, s.seq.num_computed, s.n_tokens
+            table = seq.block_table[: -(-(a + n) // bs)]  # the blocks holding positions 0 .. a + n - 1
             ids.extend(seq.token_ids[a : a + n])
-            p = torch.arange(a, a + n)
-            table = torch.tensor(seq.block_table[: -(-(a + n) // bs)])  # (nb,) the blocks holding positions 0 .. a + n - 1
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)  # (n,) where the new K/V go
+            pos.extend(range(a, a + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(a, a + n))  # where the new K/V go
             if n == 1:
                 d_rows.append(row)
                 d_tables.append(table)
@@ -148,15 +148,13 @@ class Engine:
                 logit_rows.append(row + n - 1)
             row += n
         dev = self.runner.device
+        long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
         nb = max((len(t) for t in d_tables), default=0)
-        tables = torch.zeros((len(d_tables), nb), dtype=torch.long)  # (Nd, nb) padded with block 0 (masked)
-        for i, t in enumerate(d_tables):
-            tables[i, : len(t)] = t
-        mask = torch.arange(nb * bs)[None, :] < torch.tensor(d_lens, dtype=torch.long)[:, None]  # (Nd, nb * B)
+        tables = long([t + [0] * (nb - len(t)) for t in d_tables]).view(len(d_tables), nb)  # (Nd, nb) padded with block 0 (masked)
+        mask = torch.arange(nb * bs, device=dev)[None, :] < long(d_lens)[:, None]  # (Nd, nb * B)
         return Batch(
-            input_ids=torch.tensor(ids, device=dev), positions=torch.cat(pos).to(dev), slots=torch.cat(slots).to(dev),
-            prefills=[(r, n, c, t.to(dev)) for r, n, c, t in prefills], decode_rows=torch.tensor(d_rows, dtype=torch.long, device=dev),
-            decode_tables=tables.to(dev), decode_mask=mask.to(dev), logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
+            input_ids=long(ids), positions=long(pos), slots=long(slots), prefills=[(r, n, c, long(t)) for r, n, c, t in prefills],
+            decode_rows=long(d_rows), decode_tables=tables, decode_mask=mask, logit_rows=long(logit_rows),
         )
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
