@@ -49,7 +49,7 @@ VIEWS = [
 
 
 def test_fmt_specs():
-    assert fmt(1.2345, "x") == "1.234x" or fmt(1.2345, "x") == "1.235x"
+    assert fmt(1.2345, "x") == "1.23x" and fmt(12.345, "x") == "12.3x"
     assert fmt(0.931, "%") == "93.1%"
     assert fmt(1234.6, "int") == "1,235"
     assert fmt(0.5, ".2f") == "0.50"
