@@ -6,10 +6,10 @@ LLMLAB  := $(BIN)/llmlab
 OUT     ?= results
 # The CPU build of torch (small, on this disk); a GPU machine takes the default CUDA build.
 TORCH_CPU ?= torch==2.13.0
-LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative
+LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative clean $(addprefix lab-,$(LABS))
+.PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine clean $(addprefix lab-,$(LABS))
 
 # The main job: install, then one lab on the built-in model pair (no download).
 DEMO    ?= speculative --quick
@@ -43,13 +43,16 @@ lint: install
 	$(BIN)/ruff check llmlab tests benchmarks
 
 # Every lab that exists, full run, into results/ (one folder per lab).
+# LAB_ARGS: extra options for every lab (e.g. LAB_ARGS=--quick for a fast pass).
+LAB_ARGS ?=
 all-labs: install
 	@for lab in $(LABS); do \
 	  if $(LLMLAB) $$lab --help >/dev/null 2>&1; then \
-	    echo "== llmlab $$lab"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --out $(OUT) || exit $$?; \
+	    echo "== llmlab $$lab $(LAB_ARGS)"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab $(LAB_ARGS) --out $(OUT) || exit $$?; \
 	  fi; \
 	done
 	$(LLMLAB) report $(OUT)
+	$(BIN)/python -m llmlab.readme --results $(OUT) --write
 
 # Debian's chromium, for the HTML report's browser test (tests/test_report_browser.py); needs root.
 browser:
@@ -67,7 +70,7 @@ GPU_CHECK_DEVICE ?= cuda
 gpu-check: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m llmlab.core.gpucheck --device $(GPU_CHECK_DEVICE) --out $(OUT)
 
-bench-roofline bench-samplers bench-speculative: bench-%: install  # static pattern (see lab-%)
+bench-roofline bench-samplers bench-speculative bench-engine: bench-%: install  # static pattern (see lab-%)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)
 
 clean:

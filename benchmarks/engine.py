@@ -19,6 +19,10 @@ The engine is checked exact before timing (logits vs HF within 1e-4, greedy vs
 `inference.decode.generate`). The prefix cache is off in the timed runs (random prompts share
 no prefix anyway; off means a repeat round cannot hit blocks cached by the previous one).
 Rounds interleave the three contenders, order alternating; ratios are medians of per-round ratios.
+
+Threads: on a machine shared with other jobs, pass --threads 1. With torch's two OpenMP threads
+fighting other processes for two busy cores (load ~15), every contender slowed by about 10x and
+the engine measured 13.6 output tokens/s instead of ~240; one thread each is the fair setting there.
 """
 
 from __future__ import annotations
@@ -75,7 +79,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--hf-batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     dev = resolve_device(args.device, None)
     lm = load("tiny", dev)
@@ -100,6 +107,7 @@ def main() -> None:
     for r in range(args.rounds):
         for k in (list(contenders) if r % 2 == 0 else list(reversed(contenders))):
             rates[k].append(contenders[k]())
+            print(f"  round {r + 1}: {k}: {rates[k][-1]:.1f} output tokens/s", flush=True)
     names = list(contenders)
     ratios = {
         "engine / engine at max_num_seqs 1": [a / b for a, b in zip(rates[names[0]], rates[names[1]], strict=True)],

@@ -1,174 +1,225 @@
-"""Benchmark: are the roofline lab's measured roofs as high as the straightforward tools reach?
+"""Benchmark: are the roofline lab's roofs as high as independent code reaches on the same machine?
 
 Run: `make bench-roofline` (= `python -m benchmarks.roofline [--device cpu] [--rounds 3] [--quick]`).
 
-Goals (issue 5): on a CPU, the lab's bandwidth >= 0.9x a STREAM-style copy / triad done the
-straightforward way with numpy or torch, and its compute >= 0.95x the best plain numpy / torch
-matmul among the lab's searched shapes, measured in the same run. On an H100/H200-class GPU,
-bandwidth >= 90% of spec and dense BF16 >= 80% of spec.
+Ours: `llmlab.core.roofs` (torch kernels timed in blocks of calls; torch.matmul, cache flushed).
+Peers, independent code (issue 12 item 9):
+- bandwidth, numpy: copy = `np.copyto(b, a)`; triad = `np.multiply(c, s, out=t)` then
+  `np.add(b, t, out=a)`. numpy's ufuncs run on one thread, so numpy appears at 1 thread only.
+- bandwidth, C: `benchmarks/stream_triad.c`, the project's own OpenMP triad, compiled now with
+  `cc -O2 -fopenmp` (reported "not run: no compiler" when there is none), at each thread count.
+- compute: numpy's own BLAS (OpenBLAS in the wheels) `np.matmul(a, b, out=c)`, in a child
+  process with OPENBLAS_NUM_THREADS / OMP_NUM_THREADS set to the same thread count as ours.
+Bytes are counted STREAM's way on both sides (copy 2N, triad 3N, whatever a spelling moves in
+between: numpy's two-pass triad really moves 5N, which is its cost, not ours).
 
-Method: the lab's own kernels and variants (`bandwidth_kernels` at each of `thread_counts`;
-`matmul_fn` over `matmul_backends`, output preallocated) and the peers (default threads, the
-plain spelling) run on the same buffers and shapes, interleaved per kernel and per shape, the
-order flipped every round, so that a shared machine's drift hits both sides alike. The lab's
-figure is its best variant's median (what its roof is); the peer's is the best peer's median;
-each is the best over rounds. On a busy machine a best-over-rounds can catch one lucky quiet
-window, so the verdict uses the paired ratio: ours / peers within the same round and shape,
-median over rounds and shapes. Bytes are counted as the lab counts them: copy 2N, triad 3N.
+Same thread counts on both sides (1 and all usable CPUs); each side's best thread count is
+reported separately, and the ratio compares each side at its own best. Rounds alternate the
+order of the sides, so a shared machine's drift hits both alike.
 
 References:
-- McCalpin, STREAM: copy c = a, triad a = b + s*c, each byte counted once.
+- McCalpin, STREAM (stream.c): copy c = a, triad a = b + s*c, each byte counted once.
 - Stas Bekman, mamf-finder: best and median over shapes, cache flushed between repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import statistics
-from contextlib import nullcontext
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
-import torch
 
-from llmlab.core.device import resolve_device, torch_threads
-from llmlab.core.specs import bandwidth_spec_GBps, peak_for
-from llmlab.core.timing import L2Flusher, measure
-from llmlab.labs import roofline as R
+S = 3.0  # the triad scalar (STREAM's 3.0)
+C_SOURCE = Path(__file__).with_name("stream_triad.c")
+NO_COMPILER = "not run: no compiler"
 
-S = R.TRIAD_SCALAR
+# ---------------------------------------------------------------- peers (no llmlab, no torch)
 
 
-def bandwidth_contenders(bufs, device) -> dict[str, dict[str, tuple]]:
-    """kernel -> {label: (fn, bytes, torch threads or None)}; labels starting 'lab' are ours."""
-    a, b, c, _ = bufs
-    nb = a.numel() * a.element_size()
-    out: dict[str, dict[str, tuple]] = {"copy": {}, "triad": {}}
-    for t in R.thread_counts(device):
-        for kernel in out:
-            fn, nbytes = R.bandwidth_kernels(a, b, c)[kernel]
-            out[kernel][f"lab ({t} threads)"] = (fn, nbytes, t)
-    out["copy"]["torch b.copy_(a)"] = (lambda: b.copy_(a), 2 * nb, None)
-    out["triad"]["torch.add(b, c, alpha=s, out=a)"] = (lambda: torch.add(b, c, alpha=S, out=a), 3 * nb, None)
-    out["triad"]["torch a[:] = b + s * c"] = (lambda: a.__setitem__(slice(None), b + S * c), 3 * nb, None)
-    if not a.is_cuda:
-        an, bn, cn = a.numpy(), b.numpy(), c.numpy()
-        out["copy"]["numpy np.copyto(b, a)"] = (lambda: np.copyto(bn, an), 2 * nb, None)
-        out["triad"]["numpy a[:] = b + s * c"] = (lambda: an.__setitem__(slice(None), bn + S * cn), 3 * nb, None)
-    return out
+def numpy_bandwidth_peers(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> dict[str, tuple]:
+    """kernel -> (fn, bytes counted STREAM's way); a, b, c: float32 arrays of n elements."""
+    tmp = np.empty_like(a)
+    nb = a.nbytes
+
+    def triad():
+        np.multiply(c, S, out=tmp)
+        np.add(b, tmp, out=a)
+
+    return {"copy": (lambda: np.copyto(b, a), 2 * nb), "triad": (triad, 3 * nb)}
 
 
-def matmul_contenders(a, b, out, dtype: str, device) -> dict[str, tuple]:
-    """label -> (fn, torch threads or None) for one shape: the lab's variants and the plain peers."""
-    c = {f"lab {bk} ({t or 'blas default'} threads)": (R.matmul_fn(bk, a, b, out), t or None)
-         for bk, t in R.matmul_backends(device, dtype)}
-    c["torch a @ b"] = (lambda: a @ b, None)
-    if not device.is_cuda and dtype == "fp32":
-        an, bn = a.numpy(), b.numpy()
-        c["numpy a @ b"] = (lambda: an @ bn, None)
-    return c
+def time_numpy(fn, repeats: int) -> tuple[float, float]:
+    """(best s, median s) per call after one warm-up call."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts), statistics.median(ts)
 
 
-def _run(fn, threads, device, **kw):
-    with torch_threads(threads):  # None: torch's own count
-        return measure(fn, device, **kw)
+def build_c_triad(workdir: Path) -> tuple[Path | None, str]:
+    """Compile stream_triad.c with cc -O2 -fopenmp; (executable, "") or (None, why not)."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return None, NO_COMPILER
+    exe = Path(workdir) / "stream_triad"
+    p = subprocess.run([cc, "-O2", "-fopenmp", str(C_SOURCE), "-o", str(exe)], capture_output=True, text=True)
+    if p.returncode != 0:
+        return None, f"not run: cc -fopenmp failed ({(p.stderr.strip().splitlines() or ['?'])[-1][:80]})"
+    return exe, ""
 
 
-def _ordered(items: dict, r: int) -> list:
-    keys = list(items)
-    return keys if r % 2 == 0 else keys[::-1]
+def run_c_triad(exe: Path, n: int, threads: int, repeats: int) -> tuple[float, float, float]:
+    """(best GB/s, median GB/s, checksum) of the C triad over n FP32 elements at `threads`."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_PROC_BIND": "false"}
+    p = subprocess.run([str(exe), str(n), str(threads), str(repeats)], capture_output=True, text=True, env=env, check=True)
+    best, median, checksum = (float(x) for x in p.stdout.split())
+    return best, median, checksum
 
 
-def _paired(rnd: dict[str, float]) -> float:
-    """ours / peers within one round: the best lab variant over the best peer."""
-    return max(v for k, v in rnd.items() if k.startswith("lab")) / max(v for k, v in rnd.items() if not k.startswith("lab"))
+NUMPY_MATMUL_CHILD = """
+import sys, time, statistics
+import numpy as np
+m, n, k, repeats, flush_bytes = (int(x) for x in sys.argv[1:6])
+rng = np.random.default_rng(1)
+a = rng.standard_normal((m, k), dtype=np.float32)
+b = rng.standard_normal((k, n), dtype=np.float32)
+c = np.empty((m, n), dtype=np.float32)
+flush = np.empty(flush_bytes // 4, dtype=np.float32)
+np.matmul(a, b, out=c)
+ts = []
+for _ in range(repeats):
+    flush.fill(1.0)
+    t0 = time.perf_counter()
+    np.matmul(a, b, out=c)
+    ts.append(time.perf_counter() - t0)
+print(min(ts), statistics.median(ts))
+"""
 
 
-def bench_bandwidth(cfg, device, bufs, rounds: int) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
-    """(kernel -> label -> best per-round median GB/s, kernel -> paired ratios)."""
-    best: dict[str, dict[str, float]] = {}
-    pairs: dict[str, list[float]] = {}
-    cont = bandwidth_contenders(bufs, device)
-    for r in range(rounds):
-        for kernel, cands in cont.items():
-            rnd = {}
-            for label in _ordered(cands, r):
-                fn, nbytes, threads = cands[label]
-                s = _run(fn, threads, device, warmup=cfg.bandwidth_warmup, repeats=cfg.bandwidth_repeats)
-                rnd[label] = nbytes / s.median_s / 1e9
-                best.setdefault(kernel, {})[label] = max(best.get(kernel, {}).get(label, 0.0), rnd[label])
-            pairs.setdefault(kernel, []).append(_paired(rnd))
-    return best, pairs
+def numpy_matmul_gflops(m: int, n: int, k: int, threads: int, repeats: int, flush_bytes: int) -> tuple[float, float]:
+    """(best, median) GFLOP/s of numpy's BLAS on (M,K) @ (K,N) FP32 in a child with `threads` BLAS threads."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    p = subprocess.run([sys.executable, "-c", NUMPY_MATMUL_CHILD, str(m), str(n), str(k), str(repeats), str(flush_bytes)],
+                       capture_output=True, text=True, env=env, check=True)
+    best_s, med_s = (float(x) for x in p.stdout.split())
+    flops = 2 * m * n * k
+    return flops / best_s / 1e9, flops / med_s / 1e9
 
 
-def bench_compute(cfg, device, dtypes, rounds: int) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
-    """(dtype -> label -> best (over shapes and rounds) median GFLOP/s, dtype -> paired ratios), cache flushed."""
-    shapes = cfg.gpu_shapes if device.is_cuda else cfg.cpu_shapes
-    flush = L2Flusher(device)
-    gen = R.device_generator(device, 1)
-    best: dict[str, dict[str, float]] = {}
-    pairs: dict[str, list[float]] = {}
-    for dtype in dtypes:
-        with R._tf32(dtype == "tf32") if device.is_cuda else nullcontext():
-            for m, n, k in shapes:
-                a, b, out = R.gemm_operands(m, n, k, dtype, device, gen)
-                cands = matmul_contenders(a, b, out, dtype, device)
-                for r in range(rounds):
-                    rnd = {}
-                    for label in _ordered(cands, r):
-                        fn, threads = cands[label]
-                        s = _run(fn, threads, device, warmup=1, repeats=cfg.compute_repeats, setup=flush)
-                        rnd[label] = 2 * m * n * k / s.median_s / 1e9
-                        best.setdefault(dtype, {})[label] = max(best.get(dtype, {}).get(label, 0.0), rnd[label])
-                    pairs.setdefault(dtype, []).append(_paired(rnd))
-                del a, b, out, cands
-    return best, pairs
+# ---------------------------------------------------------------- the comparison
 
 
-def _verdict(table: dict[str, float]) -> tuple[str, float, str, float, float]:
-    """(our best label, ours, the best peer's label, peer, ours / peer)."""
-    ours = {k: v for k, v in table.items() if k.startswith("lab")}
-    peers = {k: v for k, v in table.items() if not k.startswith("lab")}
-    o_label, o = max(ours.items(), key=lambda kv: kv[1])
-    p_label, p = max(peers.items(), key=lambda kv: kv[1])
-    return o_label, o, p_label, p, o / p
+def best_of(results: dict) -> tuple[object, float]:
+    """(thread count, GB/s or GFLOP/s) of the best median over rounds, for one side."""
+    key = max(results, key=lambda t: max(results[t]))
+    return key, max(results[key])
 
 
 def main() -> None:
+    import torch
+
+    from llmlab.core import roofs
+    from llmlab.core.device import cpu_cores, last_level_cache_bytes, resolve_device
+    from llmlab.core.specs import bandwidth_spec_GBps, peak_for
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds, order flipped each round")
-    p.add_argument("--quick", action="store_true", help="the lab's --quick shapes and repeats (a smoke test, not the goal)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, order of the sides flipped each round")
+    p.add_argument("--quick", action="store_true", help="fewer repeats and one shape (a smoke test, not the goal)")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON instead of the report")
     args = p.parse_args()
     device = resolve_device(args.device)
-    cfg = R.Config.quick() if args.quick else R.Config()
-    dtypes = ("fp32", "tf32", "bf16", "fp16") if device.is_cuda else ("fp32", "bf16")
-    bufs = R.bandwidth_buffers(cfg, device)
-    print(f"device: {device.name} ({device.spec}); buffers {bufs[0].numel() * 4 / 2**20:.0f} MiB each; "
-          f"shapes {cfg.gpu_shapes if device.is_cuda else cfg.cpu_shapes}; {args.rounds} rounds", flush=True)
-    bw, bw_pairs = bench_bandwidth(cfg, device, bufs, args.rounds)
-    del bufs
-    comp, comp_pairs = bench_compute(cfg, device, dtypes, args.rounds)
+    repeats = 3 if args.quick else 10
+    threads = sorted({1, cpu_cores()["logical"]})
+    warm = roofs.warm_up(device, 0.3)
+    bufs = roofs.bandwidth_buffers(device, 8)
+    n = bufs.a.numel()
+    out: dict = {"device": device.name, "buffer_MiB": bufs.nbytes / 2**20, "threads": threads, "warm_up_s": warm, "bandwidth": {}, "compute": {}}
+    if device.is_cuda:  # the peers are CPU code: a GPU compares with its spec sheet only
+        bw = max(roofs.bandwidth_GBps(device, k, bufs=bufs, blocks=repeats) for k in ("copy", "triad"))
+        spec, _ = bandwidth_spec_GBps(device)
+        peak = roofs.matmul_peak_gflops(device, "bf16", repeats=repeats)
+        sbf, _ = peak_for(device, "bf16")
+        print(f"{device.name}: bandwidth {bw:.0f} GB/s ({100 * bw / spec:.0f}% of spec)" if spec else f"bandwidth {bw:.0f} GB/s")
+        print(f"bf16 matmul {peak:.0f} GFLOP/s" + (f" ({100 * peak / sbf:.0f}% of spec)" if sbf else ""))
+        print("peers: not run on a GPU (numpy and the C triad are CPU code)")
+        return
+    an, bn, cn = (np.full(n, v, dtype=np.float32) for v in (0.0, 1.0, 2.0))  # the peers' own buffers, same size
+    peers = numpy_bandwidth_peers(an, bn, cn)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe, why = build_c_triad(Path(tmp))
+        res: dict = {k: {"ours (torch)": {}, "numpy": {}, "C OpenMP": {}} for k in ("copy", "triad")}
+        for r in range(args.rounds):
+            sides = ["ours", "peers"] if r % 2 == 0 else ["peers", "ours"]
+            for side in sides:
+                for t in threads:
+                    for kind in ("copy", "triad"):
+                        if side == "ours":
+                            g = roofs.measure_bandwidth(device, kind, bufs=bufs, blocks=repeats, threads=t).median_GBps
+                            res[kind]["ours (torch)"].setdefault(t, []).append(g)
+                        elif t == 1:
+                            fn, nb = peers[kind]
+                            res[kind]["numpy"].setdefault(t, []).append(nb / time_numpy(fn, repeats)[1] / 1e9)
+                    if side == "peers" and exe is not None:
+                        res["triad"]["C OpenMP"].setdefault(t, []).append(run_c_triad(exe, n, t, repeats)[1])
+        del an, bn, cn, peers, bufs
+    for kind, sides in res.items():
+        out["bandwidth"][kind] = {s: {str(t): v for t, v in d.items()} for s, d in sides.items()}
+    shapes = ((2048, 2048, 2048),) if args.quick else ((2048, 2048, 2048), (4096, 1024, 1024), (1024, 4096, 1024))
+    flush_bytes = 2 * last_level_cache_bytes(device)
+    comp: dict = {"ours (torch)": {}, "numpy BLAS": {}}
+    for r in range(args.rounds):
+        for side in (["ours", "peers"] if r % 2 == 0 else ["peers", "ours"]):
+            for t in threads:
+                for m, nn, k in shapes:
+                    if side == "ours":
+                        s = roofs.matmul_stats(device, m, nn, k, "fp32", repeats=repeats, threads=t)
+                        comp["ours (torch)"].setdefault(t, []).append(2 * m * nn * k / s.median_s / 1e9)
+                    else:
+                        comp["numpy BLAS"].setdefault(t, []).append(numpy_matmul_gflops(m, nn, k, t, repeats, flush_bytes)[1])
+    out["compute"] = {s: {str(t): v for t, v in d.items()} for s, d in comp.items()}
+    out["c_triad"] = why or "built with cc -O2 -fopenmp"
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    _report(out, res, comp, why, torch.__version__)
 
-    print("\nbandwidth, GB/s (best per-round median); paired = median of same-round ratios")
-    for kernel, table in bw.items():
-        ol, o, pl, pv, ratio = _verdict(table)
-        paired = statistics.median(bw_pairs[kernel])
-        print(f"  {kernel:6s} {ol:34s} {o:8.2f}  vs  {pl:34s} {pv:8.2f}   best/best {ratio:.3f}  paired {paired:.3f}  "
-              f"(goal >= 0.90: {'ok' if paired >= 0.9 else 'BELOW'})")
-    print("compute, GFLOP/s (best shape's median); paired = median over shapes and rounds")
-    for dtype, table in comp.items():
-        ol, o, pl, pv, ratio = _verdict(table)
-        paired = statistics.median(comp_pairs[dtype])
-        print(f"  {dtype:6s} {ol:34s} {o:8.1f}  vs  {pl:34s} {pv:8.1f}   best/best {ratio:.3f}  paired {paired:.3f}  "
-              f"(goal >= 0.95: {'ok' if paired >= 0.95 else 'BELOW'})")
-    spec_bw, _ = bandwidth_spec_GBps(device)
-    top_bw = max(v for t in bw.values() for k, v in t.items() if k.startswith("lab"))
-    print(f"bandwidth vs spec: {f'{100 * top_bw / spec_bw:.0f}% of {spec_bw:.0f} GB/s (goal >= 90% on H100/H200)' if spec_bw else 'no spec for this device'}")
-    spec_bf16, src = peak_for(device, "bf16")
-    if spec_bf16:
-        top = max(v for k, v in comp["bf16"].items() if k.startswith("lab"))
-        goal = " (goal >= 80% on H100/H200)" if device.is_cuda else ""
-        print(f"bf16 vs spec: {100 * top / spec_bf16:.0f}% of {spec_bf16:.0f} GFLOP/s{goal} [{src}]")
+
+def _report(out: dict, res: dict, comp: dict, why: str, torch_version: str) -> None:
+    print(f"device: {out['device']}; buffers {out['buffer_MiB']:.0f} MiB each (8x LLC); threads {out['threads']}; "
+          f"warm-up {out['warm_up_s']:.2f} s; torch {torch_version}")
+    print("\nbandwidth, GB/s: best median over rounds, per thread count; STREAM byte counts on both sides")
+    for kind, sides in res.items():
+        line = []
+        for side, d in sides.items():
+            if not d:
+                line.append(f"{side}: {(why or 'triad only') if side == 'C OpenMP' else 'n/a'}")
+                continue
+            per_t = ", ".join(f"{t}t {max(v):.2f}" for t, v in sorted(d.items()))
+            bt, _ = best_of(d)
+            line.append(f"{side}: {per_t} (best at {bt} threads)")
+        print(f"  {kind:6s} " + " | ".join(line))
+        ours_t, ours = best_of(sides["ours (torch)"])
+        peer = max(((s, *best_of(d)) for s, d in sides.items() if s != "ours (torch)" and d), key=lambda x: x[2], default=None)
+        if peer:
+            print(f"         ours at its best ({ours_t} threads) / best peer ({peer[0]}, {peer[1]} threads): {ours / peer[2]:.2f}x")
+    print("\ncompute, FP32 matmul GFLOP/s: best median over shapes and rounds, per thread count")
+    for side, d in comp.items():
+        bt, _ = best_of(d)
+        print(f"  {side:13s} " + ", ".join(f"{t}t {max(v):.1f}" for t, v in sorted(d.items())) + f" (best at {bt} threads)")
+    (ot, o), (pt, pv) = best_of(comp["ours (torch)"]), best_of(comp["numpy BLAS"])
+    print(f"  ours at its best ({ot} threads) / numpy BLAS at its best ({pt} threads): {o / pv:.2f}x")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ softmax and the inverse-CDF of multinomial; ours is softmax, one noise pass, and
 pivot round (usually 1-2 rounds at p = 0.9). Expect several x.
 
 The two are checked to keep to the same top-p set before any timing (llm.c style). Timings
-alternate hf / ours so a busy machine slows both alike; the median of each is printed.
+go through core.timing.interleaved: rounds of every variant, the order flipped each round, so a
+busy machine slows all alike; the median of each is printed.
 
 Options: --vocab, --batch, --top-p, --repeats, --device (cpu | cuda; default: both when there is a GPU).
 """
@@ -20,13 +21,12 @@ Options: --vocab, --batch, --top-p, --repeats, --device (cpu | cuda; default: bo
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from transformers.generation.logits_process import TopPLogitsWarper
 
 from llmlab.core.device import resolve_device
-from llmlab.core.timing import summarize
+from llmlab.core.timing import interleaved
 from llmlab.inference import sampling as S
 
 GOAL = {"cpu": 1.5, "cuda": 3.0}  # issue 7
@@ -51,17 +51,8 @@ def bench(device, V: int, B: int, p: float, repeats: int, scale: float) -> dict[
         "ours sorting-free top_p": lambda: S.top_p_sorting_free(logits.softmax(-1), p, gen),
     }
     check(logits, p, gen)
-    for fn in fns.values():  # warm-up
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):  # interleaved: load on a shared machine hits every variant alike
-        for name, fn in fns.items():
-            device.synchronize()
-            t0 = time.perf_counter_ns()
-            fn()
-            device.synchronize()
-            samples[name].append((time.perf_counter_ns() - t0) / 1e6)
-    return {name: summarize(xs).median_ms for name, xs in samples.items()} | {"_p10_ours": summarize(samples["ours sorting-free top_p"]).p10_ms}
+    it = interleaved(fns, repeats, device)  # one untimed pass each (warm-up), then rounds in alternating order
+    return {name: it.stats(name).median_ms for name in fns} | {"_p10_ours": it.stats("ours sorting-free top_p").p10_ms}
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         err.print(f"[dim]device: {device.spec} ({device.name}){'' if device.is_cuda else ' — no CUDA GPU found, using the CPU'}[/]")
     started = datetime.now(timezone.utc)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=err, transient=True)
-    with Telemetry(device) as tel, progress:
+    with device.activate(), Telemetry(device) as tel, progress:  # --gpu N: the whole command runs on cuda:N
         result = module.run(cfg, device, progress)
     result.env = {
         "command": command_line(),
@@ -615,6 +615,55 @@ def serving(
             raise UsageError(f"--endpoint {endpoint}: not reachable ({exc})") from None
     run_lab("serving", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, endpoint=endpoint,
             max_concurrency=max_concurrency, kv_blocks=kv_blocks, price_per_hour=price_per_hour)
+
+
+from llmlab.labs.quantization import QUICK as _QZQ  # noqa: E402  (light: torch loads inside the lab)
+from llmlab.labs.quantization import Config as _QZ  # noqa: E402
+
+_QZD = {f.name: f.default for f in dataclasses.fields(_QZ)}  # defaults without building a Config (that loads torch)
+
+
+@app.command("quantization", rich_help_panel=LABS)
+def quantization(
+    weights: Annotated[Optional[str], typer.Option("--weights", help=f"Weight formats, comma-separated (FP32 always runs as the reference). Default {_csv(_QZD['weights'])} ({_csv(_QZQ['weights'])} with --quick).", show_default=False)] = None,
+    kv: Annotated[Optional[str], typer.Option("--kv", help=f"KV cache formats, comma-separated: fp32, bf16, fp8, int8, nvfp4. Default {_csv(_QZD['kv'])}.", show_default=False)] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help=f"An arch:NAME shape (random weights, {_QZD['arch_layers']} layers) added to the speed part, or '' for none. Default {_QZD['arch']} (none with --quick).", show_default=False)] = None,
+    repeats: Annotated[Optional[int], typer.Option("--repeats", help=f"Interleaved timing rounds. Default {_QZD['repeats']} ({_QZQ['repeats']} with --quick).", show_default=False)] = None,
+    eval_tokens: Annotated[Optional[int], typer.Option("--eval-tokens", help=f"Held-out tokens for the loss. Default {_QZD['eval_tokens']} ({_QZQ['eval_tokens']} with --quick).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads. Default: torch's, or 1 when the CPU is oversubscribed.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Quantization: precision traded for memory and speed, in the weights and in the KV cache.
+
+    Applies FP32, BF16, FP16, INT8 per-channel, INT4 group-wise (sym/asym) and FP8 E4M3 to the built-in tiny model's weights and measures the three sides of the trade: bytes (counted from the packed tensors, against bits x params + scales), quality (held-out loss and perplexity delta, KL and greedy agreement against FP32) and decode tokens/s at batch 1 and 16, each row naming its path (a real kernel, or dequantize-on-the-fly where this device has none). Then the KV cache: BF16, FP8, INT8 and NVFP4 (E2M1 values, an E4M3 scale per 16, an FP32 scale per tensor, emulated exactly): bytes per token against the formula, tokens that fit on an 80 GB GPU for Llama 3 8B and 3.1 70B, and tiny's quality with its cache quantized in the decode loop.
+    """
+    split = lambda text: None if text is None else tuple(x for x in text.replace(" ", "").split(",") if x)  # noqa: E731
+    run_lab("quantization", Common(device, gpu, quick, json_, out, no_save, seed, tables), weights=split(weights),
+            kv=split(kv), arch=arch, repeats=repeats, eval_tokens=eval_tokens, threads=threads)
+
+
+from llmlab.labs.tensor_parallel import Config as _TP  # noqa: E402  (light: torch loads inside the lab)
+
+_TPD, _TPQ = _TP(), _TP.quick()
+
+
+@app.command("tensor-parallel", rich_help_panel=LABS)
+def tensor_parallel(
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help=f"Ranks = the TP degree (>= 2; one per GPU on CUDA). Default {_TPD.nproc}.", show_default=False)] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="auto (nccl on CUDA, gloo on the CPU) | gloo | nccl.", show_default=False)] = None,
+    timeout_s: Annotated[Optional[float], typer.Option("--timeout-s", help=f"Seconds before a rank still running is declared hung (exit 3). Default {_TPD.timeout_s:g} ({_TPQ.timeout_s:g} with --quick).", show_default=False)] = None,
+    fit_context: Annotated[Optional[int], typer.Option("--fit-context", help=f"Part 4: tokens per sequence. Default {_TPD.fit_context}.", show_default=False)] = None,
+    fit_batch: Annotated[Optional[int], typer.Option("--fit-batch", help=f"Part 4: sequences. Default {_TPD.fit_batch}.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Tensor parallelism: collectives and a sharded decode on torch.distributed (gloo on the CPU, NCCL on GPUs).
+
+    When a model or its KV cache outgrows one GPU, engines split each layer across GPUs and pay two all-reduces per layer. This lab spawns --nproc ranks, splits the built-in tiny Megatron-style (heads and KV heads column-split, o_proj and down row-split) and checks its logits against one process within 1e-5 first; times all-reduce, all-gather and reduce-scatter from 8 B up with nccl-tests' algbw and busbw; splits a decode step at TP 1 and TP n into compute and all-reduce time; and says by formula how many 80 GB GPUs Llama-3.1-70B needs. Also runs under torchrun --nproc-per-node N -m llmlab tensor-parallel.
+    """
+    run_lab("tensor-parallel", Common(device, gpu, quick, json_, out, no_save, seed, tables), nproc=nproc, backend=backend,
+            timeout_s=timeout_s, fit_context=fit_context, fit_batch=fit_batch)
 
 
 # ---------------------------------------------------------------- entry point

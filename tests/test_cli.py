@@ -206,3 +206,24 @@ def test_ctrl_c_during_a_lab_saves_what_was_measured_and_exits_130(tmp_path):
     saved = json.loads(next((tmp_path / "gpu-parallelism").glob("*.json")).read_text())
     assert saved["interrupted"] is True
     assert any(t["rows"] for t in saved["tables"].values())  # something measured before the interrupt was kept
+
+
+def test_run_lab_runs_the_lab_with_its_device_active(standin, tmp_path, monkeypatch, capsys):
+    """--gpu N: torch.cuda.set_device(N) for the whole lab, through Device.activate (issue 12 item 12)."""
+    import contextlib
+
+    from llmlab.core import device as D
+
+    seen = []
+
+    @contextlib.contextmanager
+    def activate(self):
+        seen.append(("enter", self.spec))
+        yield
+        seen.append(("exit", self.spec))
+
+    monkeypatch.setattr(D.Device, "activate", activate)
+    run = standin.run
+    monkeypatch.setattr(standin, "run", lambda cfg, dev, progress=None: (seen.append(("run", dev.spec)), run(cfg, dev, progress))[1])
+    cli.run_lab("standin", cli.Common(device="cpu", json=True, out=tmp_path))
+    assert seen == [("enter", "cpu"), ("run", "cpu"), ("exit", "cpu")]

@@ -4,15 +4,16 @@ the thread-count restore, config validation, an in-process run, and the CLI end 
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 
 from llmlab.core.device import resolve_device
+from llmlab.core.results import LabResult, find
 from llmlab.labs import gpu_parallelism as gp
 
 
@@ -70,9 +71,9 @@ def test_torch_threads_restores_even_on_error():
 
 def test_time_interleaved_gives_one_stats_per_fn():
     cpu = resolve_device("cpu")
-    a = torch.randn(64, 64)
-    fast, slow = gp.time_interleaved([lambda: a + 1, lambda: a @ a @ a @ a], cpu, 0.02)
-    assert fast.n >= 3 and slow.n >= 3 and fast.p10_ms <= fast.median_ms <= fast.p90_ms
+    a, b = torch.randn(8), torch.randn(256, 256)
+    fast, slow = gp.time_interleaved([lambda: a + 1, lambda: b @ b @ b @ b], cpu, 0.05)
+    assert fast.n >= 3 and slow.n >= 3 and slow.median_ms > 5 * fast.median_ms  # 100 MFLOP vs adding 8 numbers
 
 
 @pytest.mark.parametrize("bad", [dict(parts=("nope",)), dict(parts=()), dict(sizes=(0,)), dict(conv_batch=0), dict(max_threads=10_000), dict(budget_s=0)])
@@ -93,32 +94,127 @@ def test_run_on_cpu_measures_cpu_and_marks_gpu_not_measured():
     assert {"python loop", "cpu 1 thread"} <= set(el.way) and el.ok.all() and (el.median_ms > 0).all()
     assert not any(t.astype(str).apply(lambda col: col.str.contains("gpu|cuda")).any().any() for t in res.tables.values())  # no GPU figure anywhere
     assert set(res.tables) == {"throughput_elementwise", "throughput_reduction", "throughput_matmul", "thread_scaling", "tensor_cores", "launch_overhead", "alexnet_conv1"}
-    gpu_claims = [c for c in res.claims if c.holds is None]
-    assert gpu_claims and all(c.note.startswith("not measured") and c.measured == "-" for c in gpu_claims)
-    measured = [c for c in res.claims if c.holds is not None]
-    assert any("Python loop" in c.text for c in measured) and any("bmm" in c.text for c in measured) and any("BF16" in c.text for c in measured)
+    assert res.claims == [] and list(res.skipped.values()) == ["no GPU"] and "wave_quantization" in next(iter(res.skipped))  # run() never judges
+    claims = gp.judge(res)
+    gpu_ids = {"gpu_parallelism.gpu_crossover", "gpu_parallelism.wave_quantization", "gpu_parallelism.tensor_cores",
+               "gpu_parallelism.batched_beats_loop_gpu", "gpu_parallelism.alexnet_gpu_10x", "gpu_parallelism.pinned_beats_pageable"}
+    for c in claims:
+        if c.id in gpu_ids:
+            assert c.holds is None and c.note == "no GPU" and c.measured == "-", c.id
+        else:
+            assert c.holds is not None and c.measured != "-", c.id
+    assert len(claims) == 12 and len({c.id for c in claims}) == 12
     assert res.tables["alexnet_conv1"].ok.all() and res.tables["launch_overhead"].ok.all()
 
 
+# ---------------------------------------------------------------- judge fixtures
+
+
+def _tables(py_ratio=300.0, eff=(60.0, 90.0), bf16=2.0, loop_ratio=5.0, conv_ratio=1.2, gpu=False, gpu_fast=True) -> LabResult:
+    res = LabResult("gpu-parallelism", gp.VERSION, env={"lab": {"thread_sweep": [1, 2], "cpu_isa": {"amx_bf16": True}}})
+    f = 1.0 if gpu_fast else 0.01  # the GPU's speed: fast wins above a crossover, slow never wins
+    for w in gp.WORKS:
+        sizes = [10, 100, 1000]
+        rows = [dict(way="cpu 1 thread", size=n, median_ms=n / 100, gflops=1.0, gelems_per_s=1.0) for n in sizes]
+        rows += [dict(way="cpu 2 threads", size=n, median_ms=n / 180, gflops=1.8, gelems_per_s=1.8) for n in sizes]
+        if w == "elementwise":
+            rows += [dict(way="python loop", size=n, median_ms=py_ratio * n / 100, gflops=0.01, gelems_per_s=0.01) for n in sizes[:2]]
+        if gpu:
+            rows += [dict(way="gpu", size=n, median_ms=(0.2 + n / 5000) / f, gflops=9.0, gelems_per_s=9.0) for n in sizes]
+        res.tables[f"throughput_{w}"] = pd.DataFrame(rows)
+    res.tables["thread_scaling"] = pd.DataFrame([dict(work=w, threads=t, median_ms=1.0, speedup=t * (e / 100 if t == 2 else 1), efficiency_pct=e if t == 2 else 100.0)
+                                                 for w, e in zip(gp.WORKS, (eff[0], eff[0], eff[1]), strict=True) for t in (1, 2)])
+    tc = [dict(device="cpu", dtype="fp32", n=512, speedup_vs_fp32=1.0, peak_gflops=100.0), dict(device="cpu", dtype="bf16", n=512, speedup_vs_fp32=bf16, peak_gflops=400.0)]
+    if gpu:
+        tc += [dict(device="cuda:0", dtype=d, n=4096, speedup_vs_fp32=sp * (1 if gpu_fast else 0.1), peak_gflops=pk)
+               for d, sp, pk in (("fp32", 1.0, 60e3), ("tf32", 5.0, 490e3), ("bf16", 12.0, 990e3))]
+    res.tables["tensor_cores"] = pd.DataFrame(tc)
+    lo = [dict(device="cpu", threads=t, way=w, count=256, n=32, median_ms=ms) for t in (1, 2) for w, ms in (("loop of mm", loop_ratio), ("one bmm", 1.0))]
+    if gpu:
+        lo += [dict(device="cuda:0", threads=None, way=w, count=256, n=32, median_ms=ms) for w, ms in (("loop of mm", 2.0 if gpu_fast else 1.0), ("one bmm", 0.1 if gpu_fast else 0.9))]
+    res.tables["launch_overhead"] = pd.DataFrame(lo)
+    ax = [dict(device="cpu", batch=8, median_ms=100.0 * conv_ratio, napkin_ms=100.0)]
+    if gpu:
+        ax.append(dict(device="cuda:0", batch=8, median_ms=2.0 if gpu_fast else 50.0, napkin_ms=1.0))
+    res.tables["alexnet_conv1"] = pd.DataFrame(ax)
+    if gpu:
+        res.tables["wave_quantization"] = _waves({128 + 32: 0.2, 256 + 32: 0.15} if gpu_fast else {96: 0.2})
+        res.tables["copy_bandwidth"] = pd.DataFrame([dict(memory=m, direction="host->device", MiB=64, GBps=g, link_GBps=31.5)
+                                                     for m, g in (("pinned", 25.0 if gpu_fast else 10.0), ("pageable", 10.0))])
+    return res
+
+
+def _waves(drops: dict[int, float], step: int = 32, top: int = 384) -> pd.DataFrame:
+    """A synthetic wave sweep: flat 100 TFLOP/s except a drop (fraction) at the given M."""
+    rows = [dict(M=m, sms=132, tflops=100.0 * (1 - drops.get(m, 0.0))) for m in range(step, top + 1, step)]
+    return pd.DataFrame(gp.wave_rows(rows, step))
+
+
+CPU_IDS = ("python_loop_vs_vectorised", "matmul_thread_scaling", "fma_scales_worse_than_matmul", "cpu_bf16_beats_fp32",
+           "batched_beats_loop_cpu", "alexnet_conv1_is_matmul")
+GPU_IDS = ("gpu_crossover", "wave_quantization", "tensor_cores", "batched_beats_loop_gpu", "alexnet_gpu_10x", "pinned_beats_pageable")
+
+
+def test_judge_every_claim_can_hold():
+    claims = gp.judge(_tables(gpu=True))
+    for cid in CPU_IDS + GPU_IDS:
+        assert find(claims, f"gpu_parallelism.{cid}").holds is True, (cid, find(claims, f"gpu_parallelism.{cid}"))
+    assert gp.headline(_tables(gpu=True), claims) == "A Python loop ran 300x slower than 1 thread; the GPU won from sizes 100, 100, 100."
+
+
+def test_judge_every_claim_can_fail():
+    claims = gp.judge(_tables(py_ratio=20, eff=(95.0, 50.0), bf16=0.6, loop_ratio=1.3, conv_ratio=3.0, gpu=True, gpu_fast=False))
+    for cid in CPU_IDS + GPU_IDS:
+        assert find(claims, f"gpu_parallelism.{cid}").holds is False, (cid, find(claims, f"gpu_parallelism.{cid}"))
+
+
+def test_wave_drops_must_sit_at_the_predicted_boundaries():
+    """Issue 12 item 6: 'any adjacent drop > 5%' passed on noise; now a drop must be at M = 128w (+- one step)."""
+    assert gp.wave_claim(_waves({160: 0.2, 288: 0.2})).holds is True  # just past 128 and 256
+    assert gp.wave_claim(_waves({192: 0.1, 288: 0.1})).holds is True  # one step late still counts
+    noise = gp.wave_claim(_waves({96: 0.2}))  # a drop > 5%, but mid-wave: the old rule said "holds"
+    assert noise.holds is False and noise.measured == "0/2 waves, 1 stray"
+    assert gp.wave_claim(_waves({160: 0.2, 288: 0.2, 352: 0.08})).holds is False  # a stray drop refutes the saw-tooth
+    assert gp.wave_claim(_waves({})).holds is False  # no drop at all: no saw-tooth
+    wq = _waves({})
+    assert list(wq[wq.boundary].M) == [160, 288]  # the first M past 128 and 256
+    assert gp.wave_claim(None).holds is None
+
+
+def test_views_have_their_columns():
+    res = _tables(gpu=True)
+    res.tables["wave_quantization"]["waves"] = 1.0
+    for v in gp.views(res):
+        df = v.rows(res.tables[v.table]) if v.rows else res.tables[v.table]
+        missing = [c.key for c in v.cols if c.key not in df.columns and c.key not in ("gflops", "pct_of_peak", "GBps", "pct_of_link", "efficiency_pct", "median_ms", "speedup", "waves")]
+        assert not missing and len(v.cols) <= 6, (v.title, missing)
+    piv = gp._pivot(res.tables["throughput_elementwise"], "gelems_per_s")
+    assert list(piv.columns) == ["size", "cpu 1 thread", "cpu 2 threads", "python loop", "gpu"] and len(piv) == 3
+    assert list(gp._wave_rows(_waves({}))["M"]) == [160, 288]
+    shown = gp._wave_rows(_waves({160: 0.2, 96: 0.1}))
+    assert list(shown["M"]) == [96, 160, 288] and list(shown["at"]) == ["worst elsewhere", "past a wave", "past a wave"]
+    lo = gp._launch_rows(res.tables["launch_overhead"])
+    assert list(lo["speedup"]) == [5.0, 5.0, 20.0] and lo["overhead_us"].iloc[0] == pytest.approx(1e3 * 4 / 256)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmlab", "gpu-parallelism", *args], capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-m", "llmlab", "gpu-parallelism", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_cli_quick_json_end_to_end():
-    p = _cli("--device", "cpu", "--quick", "--json", "--no-save")
-    assert p.returncode == 0, p.stderr
-    d = json.loads(p.stdout)
+def test_cli_quick_end_to_end(quick_run):
+    d = quick_run("gpu-parallelism").data
     assert d["lab"] == "gpu-parallelism" and d["env"]["quick"] is True
     for name in ("throughput_elementwise", "throughput_matmul", "thread_scaling", "tensor_cores", "launch_overhead", "alexnet_conv1"):
         t = d["tables"][name]
         col = t["columns"].index("median_ms")
         assert t["rows"] and all(r[col] is None or r[col] > 0 for r in t["rows"])
-    verdicts = {c["verdict"] for c in d["claims"]}
-    assert "not measured" in verdicts and verdicts & {"holds", "does not hold"}
+    ids = {c["id"] for c in d["claims"]}
+    assert {"gpu_parallelism.python_loop_vs_vectorised", "gpu_parallelism.matmul_thread_scaling", "gpu_parallelism.alexnet_conv1_is_matmul"} <= ids
     assert all(c["measured"] != "-" for c in d["claims"] if c["verdict"] != "not measured")
+    assert list(d["skipped"].values()) == ["no GPU"]
 
 
-@pytest.mark.parametrize("args", [("--only", "nope"), ("--conv-batch", "0"), ("--device", "cuda:7")])
+@pytest.mark.parametrize("args", [("--only", "nope"), ("--conv-batch", "0"), ("--device", "cuda:99")])
 def test_cli_bad_input_exits_2_with_one_line(args):
     p = _cli(*args, "--no-save")
     assert p.returncode == 2
@@ -147,6 +243,18 @@ class _StandInGpu(gp.Device):
         pass
 
 
+class _CountingFlusher:
+    """core.timing.L2Flusher's stand-in: counts the flushes of the 'GPU'."""
+
+    calls = 0
+
+    def __init__(self, device, nbytes=None):
+        pass
+
+    def __call__(self):
+        _CountingFlusher.calls += 1
+
+
 def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
     from types import SimpleNamespace
 
@@ -154,20 +262,29 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
 
     cpu = resolve_device("cpu")
     monkeypatch.setattr(gp, "measure", lambda fn, device, **kw: timing.measure(fn, cpu, **kw))
+    monkeypatch.setattr(gp, "interleaved", lambda fns, repeats, device, **kw: timing.interleaved(fns, repeats, cpu, **kw))
+    monkeypatch.setattr(gp, "L2Flusher", _CountingFlusher)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(multi_processor_count=2))
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
     cfg = dataclasses.replace(
         gp.Config.quick(), sizes=(1000, 10_000), matmul_ns=(16, 32), python_max_ops=1000, budget_s=0.005, tc_n_cpu=64, tc_n_gpu=64,
-        wave_k=32, wave_max_waves=2, wave_step=64, launch_count=8, conv_batch=1, copy_sizes_mb=(1,),
+        wave_k=32, wave_max_waves=2, wave_step=64, launch_count=8, conv_batch=1, copy_sizes_mb=(1,), parts=("sizes",),
     )
+    _CountingFlusher.calls = 0
+    res = gp.run(cfg, _StandInGpu("cuda:0"))
+    gpu_rows = sum(int((res.tables[f"throughput_{w}"].way == "gpu").sum()) for w in gp.WORKS)
+    # issue 12 item 18: every timed GPU call of part 1 runs after an L2 flush (>= warm-up + probe + 3 samples per size)
+    assert gpu_rows == 6 and _CountingFlusher.calls >= 5 * gpu_rows
+    cfg = dataclasses.replace(cfg, parts=gp.PARTS)
     knobs = {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}
     res = gp.run(cfg, _StandInGpu("cuda:0"))
-    assert {"wave_quantization", "copy_bandwidth"} <= set(res.tables)
+    assert {"wave_quantization", "copy_bandwidth"} <= set(res.tables) and not res.skipped
     for w in gp.WORKS:
         t = res.tables[f"throughput_{w}"]
         assert {"gpu", "gpu + copies"} <= set(t.way) and t.ok.all()
     assert set(res.tables["tensor_cores"].dtype) == {"fp32", "tf32", "bf16", "fp16"}
     assert len(res.tables["alexnet_conv1"]) == 2 and res.tables["alexnet_conv1"].ok.all()
     assert set(res.tables["copy_bandwidth"].memory) == {"pinned", "pageable"}
-    assert all(c.holds is not None for c in res.claims), [c.text for c in res.claims if c.holds is None]
+    claims = gp.judge(res)
+    assert all(c.holds is not None for c in claims), [c.id for c in claims if c.holds is None]
     assert knobs == {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}  # TF32 settings restored

@@ -192,6 +192,20 @@ def test_nvml_handle_found_by_uuid_not_by_index(monkeypatch):
     assert card["nvml"].startswith("handle by uuid GPU-3333")
 
 
+def test_nvml_handle_by_uuid_in_the_pcie_probe(monkeypatch):
+    import sys
+
+    from llmlab.labs import gpu_parallelism as gp
+
+    visible_as_cuda0(monkeypatch, 3)
+    nvml = fake_pynvml(BOARDS)
+    nvml.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: {0: 4, 3: 5}[h]  # board 0 is gen 4, the visible board 3 gen 5
+    nvml.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    gbps, how = gp.pcie_GBps(Device("cuda:0"))
+    assert how == "PCIe gen 5 x16 (NVML)" and gbps == pytest.approx(3.938 * 16)
+
+
 def test_nvml_handle_falls_back_to_pci_bus_id(monkeypatch):
     from llmlab.core.device import nvml_handle
 
@@ -246,8 +260,8 @@ def _old_torch_backends(monkeypatch):
 
 
 def test_tf32_helper_uses_allow_tf32_on_torch_before_2_9(monkeypatch):
+    from llmlab.core import roofs
     from llmlab.core.device import set_tf32, tf32
-    from llmlab.labs import roofline
 
     matmul, cudnn = _old_torch_backends(monkeypatch)
     set_tf32(matmul=True, conv=True)
@@ -256,7 +270,7 @@ def test_tf32_helper_uses_allow_tf32_on_torch_before_2_9(monkeypatch):
     with tf32(matmul=True):
         assert matmul.allow_tf32 is True
     assert matmul.allow_tf32 is False and cudnn.allow_tf32 is True  # restored; conv untouched
-    with roofline._tf32(True):  # the roofline lab's tf32 rows on an old torch (was an AttributeError)
+    with roofs.tf32(True):  # the roofline lab's tf32 rows on an old torch (was an AttributeError)
         assert matmul.allow_tf32 is True
     assert matmul.allow_tf32 is False
 
@@ -273,3 +287,20 @@ def test_tf32_helper_uses_fp32_precision_on_torch_2_9_and_later():
         assert m.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "ieee"
     assert m.fp32_precision == before
     assert gp._tf32_knobs is tf32_knobs  # the lab's old name is the core helper
+
+
+def test_telemetry_sample_survives_a_pynvml_without_clock_event_reasons(monkeypatch):
+    import sys
+    import time
+
+    from llmlab.core.telemetry import Telemetry
+
+    visible_as_cuda0(monkeypatch, 0)
+    nvml = fake_pynvml(BOARDS)
+    del nvml.nvmlDeviceGetCurrentClocksEventReasons  # neither the new nor the old name: the field is unsupported
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with Telemetry(Device("cuda:0"), interval_s=0.002) as tel:
+        time.sleep(0.03)
+    s = tel.summary()
+    assert s["n_samples"] >= 1 and s["sm_clock_mhz"]["max"] == 1000
+    assert s["throttle_reasons"] is None and "throttle" in s["unsupported"]

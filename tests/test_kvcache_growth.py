@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import torch
 
 from llmlab.core.device import Device
 from llmlab.core.models import ARCHS, arch_config, load
+from llmlab.core.results import LabResult, find
 from llmlab.labs import kvcache_growth as kv
 
 
@@ -144,25 +144,135 @@ def test_config_validation():
             kv.Config(**bad)
 
 
+# ---------------------------------------------------------------- judge: every claim can hold and fail
+
+
+W = 1000  # weights bytes of the fixtures' model; 10 B per token -> N = 100 tokens
+
+
+def _real(rows):
+    """real_cache rows (cache, batch, seq_len, measured bytes) for a model of W bytes and 10 B/token."""
+    out = []
+    for cache, b, n, measured in rows:
+        held = n if cache == "dynamic" else 64
+        out.append(dict(cache=cache, batch=b, seq_len=n, cached_tokens=held, measured_bytes=measured,
+                        formula_bytes=b * held * 10, weights_bytes=W, cache_over_weights=measured / W,
+                        tokens_to_outweigh=W / 10))
+    return out
+
+
+def _result(**tables) -> LabResult:
+    res = LabResult(lab="kvcache-growth", version=kv.VERSION, config={"model": "toy"})
+    for name, rows in tables.items():
+        res.add_table(name, rows)
+    return res
+
+
+GOOD_REAL = [("dynamic", 1, 16, 160), ("dynamic", 1, 64, 640), ("dynamic", 4, 16, 640), ("dynamic", 4, 64, 2560),
+             ("static", 1, 16, 640)]
+
+
+def test_judge_bytes_match_formula_holds_and_fails():
+    assert find(kv.judge(_result(real_cache=_real(GOOD_REAL))), "kvcache_growth.bytes_match_formula").holds is True
+    off = [*GOOD_REAL[:-1], ("static", 1, 16, 641)]  # one byte off
+    c = find(kv.judge(_result(real_cache=_real(off))), "kvcache_growth.bytes_match_formula")
+    assert c.holds is False and c.measured.startswith("4/5 rows exact")
+
+
+def test_judge_cache_outweighs_weights_from_measured_rows():
+    """Issue 12 item 1: the crossing is judged from measured cache rows, not passed as a literal True."""
+    c = find(kv.judge(_result(real_cache=_real(GOOD_REAL))), "kvcache_growth.cache_outweighs_weights")
+    assert c.holds is True and "b=4 x 64" in c.measured and "4/4 rows" in c.measured
+    # a cache measured above the weights before N tokens (say a leak): the claim fails
+    leak = [("dynamic", 1, 16, 1600), *GOOD_REAL[1:]]
+    assert find(kv.judge(_result(real_cache=_real(leak))), "kvcache_growth.cache_outweighs_weights").holds is False
+    # no row reaches N: not measured, and the note says how to reach it
+    small = [r for r in GOOD_REAL if r[3] < W]
+    c = find(kv.judge(_result(real_cache=_real(small))), "kvcache_growth.cache_outweighs_weights")
+    assert c.holds is None and "--batches" in c.note
+
+
+def test_registry_alone_makes_no_outweighs_claim():
+    """Issue 12 item 1: the registry's 'outweighs at N' is a formula column, never a claim."""
+    reg = [dict(model="llama-2-7b", bf16_KiB_per_token=512.0, measured_bf16_KiB_per_token=512.0),
+           dict(model="llama-3-8b", bf16_KiB_per_token=128.0, measured_bf16_KiB_per_token=128.0)]
+    ids = [c.id for c in kv.judge(_result(registry=reg))]
+    assert ids == ["kvcache_growth.dynamic_cache_copies", "kvcache_growth.gqa_4x_smaller"]
+
+
+def test_judge_gqa_holds_and_fails():
+    reg = [dict(model="llama-2-7b", bf16_KiB_per_token=512.0, measured_bf16_KiB_per_token=512.0),
+           dict(model="llama-3-8b", bf16_KiB_per_token=128.0, measured_bf16_KiB_per_token=128.0)]
+    c = find(kv.judge(_result(registry=reg)), "kvcache_growth.gqa_4x_smaller")
+    assert c.holds is True and "4.00x" in c.measured
+    reg[1]["measured_bf16_KiB_per_token"] = 256.0  # a cache that kept every query head's K/V
+    c = find(kv.judge(_result(registry=reg)), "kvcache_growth.gqa_4x_smaller")
+    assert c.holds is False and "2.00x" in c.measured
+
+
+def test_judge_sliding_window_holds_and_fails():
+    rows = [dict(window=8, seq_len=n, cached_tokens=min(n, 7), formula_tokens=min(n, 7), measured_bytes=min(n, 7) * 10,
+                 formula_bytes=min(n, 7) * 10) for n in (4, 7, 8, 16)]
+    assert find(kv.judge(_result(sliding_window=rows)), "kvcache_growth.sliding_window_caps").holds is True
+    rows[-1].update(cached_tokens=16, measured_bytes=160)  # the cache kept growing past the window
+    c = find(kv.judge(_result(sliding_window=rows)), "kvcache_growth.sliding_window_caps")
+    assert c.holds is False and c.measured == "<= 16 tokens to length 16; 3/4 rows exact"
+
+
+def test_judge_allocator_holds_fails_and_is_not_measured_without_a_gpu():
+    rows = [dict(cache="dynamic", oom=False, step_peak_extra_bytes=4 * 2**20),
+            dict(cache="static", oom=False, step_peak_extra_bytes=1 * 2**20)]
+    assert find(kv.judge(_result(allocator=rows)), "kvcache_growth.dynamic_cache_copies").holds is True
+    rows[1]["step_peak_extra_bytes"] = 8 * 2**20
+    assert find(kv.judge(_result(allocator=rows)), "kvcache_growth.dynamic_cache_copies").holds is False
+    res = _result()
+    res.skip("allocator", "no GPU")
+    c = find(kv.judge(res), "kvcache_growth.dynamic_cache_copies")
+    assert c.holds is None and c.note == "not measured: no GPU"
+
+
+def _fits(n=48, a=1e-4, quad_ssr=1e-4, lin_ssr=1e-2, equal=None):
+    return [dict(mode="without cache", n_max=n, quad_a_s_per_tok2=a, quad_ssr=quad_ssr, lin_ssr=lin_ssr, step_ms_first=5.0,
+                 step_ms_last=12.0, tokens_equal=n if equal is None else equal, tokens_compared=n),
+            dict(mode="with cache", n_max=n, quad_a_s_per_tok2=1e-7, quad_ssr=1e-5, lin_ssr=1.1e-5, step_ms_first=4.0,
+                 step_ms_last=4.1, tokens_equal=n if equal is None else equal, tokens_compared=n)]
+
+
+def test_judge_quadratic_holds_fails_and_needs_enough_tokens():
+    q = "kvcache_growth.no_cache_quadratic"
+    assert find(kv.judge(_result(generation_fits=_fits())), q).holds is True
+    assert find(kv.judge(_result(generation_fits=_fits(quad_ssr=0.9e-2))), q).holds is False  # the parabola fits no better
+    assert find(kv.judge(_result(generation_fits=_fits(a=-1e-6))), q).holds is False  # bending down
+    c = find(kv.judge(_result(generation_fits=_fits(n=8))), q)
+    assert c.holds is None and "8 tokens" in c.note
+
+
+def test_judge_same_output_holds_and_fails():
+    s = "kvcache_growth.cache_same_output"
+    assert find(kv.judge(_result(generation_fits=_fits())), s).holds is True
+    c = find(kv.judge(_result(generation_fits=_fits(equal=47))), s)
+    assert c.holds is False and c.measured == "47/48 tokens equal"
+
+
 # ---------------------------------------------------------------- end to end
 
 
-def test_cli_quick_json_end_to_end():
-    p = subprocess.run([sys.executable, "-m", "llmlab", "kvcache-growth", "--device", "cpu", "--quick", "--json", "--no-save"],
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-2000:]
-    d = json.loads(p.stdout)
-    assert d["lab"] == "kvcache-growth"
-    cols = d["tables"]["real_cache"]["columns"]
-    assert all(r[cols.index("match")] for r in d["tables"]["real_cache"]["rows"])
-    reg = d["tables"]["registry"]
-    kib = {r[0]: r[reg["columns"].index("measured_bf16_KiB_per_token")] for r in reg["rows"]}
+def test_cli_quick_end_to_end(quick_run):
+    res = LabResult.from_dict(quick_run("kvcache-growth").data)
+    assert res.lab == "kvcache-growth" and res.judge_version == kv.JUDGE_VERSION
+    assert (res.tables["real_cache"]["measured_bytes"] == res.tables["real_cache"]["formula_bytes"]).all()
+    kib = res.tables["registry"].set_index("model")["measured_bf16_KiB_per_token"]
     assert kib["llama-2-7b"] == 512 and kib["llama-3-8b"] == 128
-    claims = {c["text"]: c for c in d["claims"]}
-    assert claims["measured cache bytes equal the formula at every length"]["holds"] is True
-    assert claims["Llama 3 8B needs 4x less KV per token than Llama 2 7B"]["holds"] is True
-    assert claims["without a cache total generation time grows quadratically"]["holds"] in (True, False)
-    assert all(c["measured"] for c in d["claims"] if c["holds"] is not None)
+    assert find(res.claims, "kvcache_growth.bytes_match_formula").holds is True
+    assert find(res.claims, "kvcache_growth.gqa_4x_smaller").holds is True
+    assert find(res.claims, "kvcache_growth.sliding_window_caps").holds is True
+    assert find(res.claims, "kvcache_growth.cache_outweighs_weights").holds is True  # batch 16 x 256 crosses tiny's 3,757
+    assert find(res.claims, "kvcache_growth.cache_same_output").holds is True
+    assert find(res.claims, "kvcache_growth.dynamic_cache_copies").holds is None and "allocator" in res.skipped
+    # the saved run re-judges to the same verdicts
+    saved = LabResult.from_json(quick_run("kvcache-growth").json_path.read_text())
+    assert [(c.id, c.holds) for c in kv.judge(saved)] == [(c.id, c.holds) for c in res.claims]
+    assert kv.views(saved) and kv.headline(saved, res.claims).startswith("The KV cache is exactly the formula")
 
 
 @pytest.mark.parametrize("args", [["--cache-dtype", "int3"], ["--model", "no-such-model"]])
@@ -172,3 +282,22 @@ def test_bad_input_exits_2_with_one_line(args):
     assert p.returncode == 2
     errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in p.stderr
+
+
+def test_trap_times_through_core_interleaved(tiny, monkeypatch):
+    """Issue 12 item 26: the trap's timing is core.timing.interleaved (the lab's private loop is gone)."""
+    import llmlab.core.timing as timing
+
+    calls = []
+    real = timing.interleaved
+
+    def spy(fns, repeats, device, **kw):
+        calls.append((list(fns), repeats, sorted(kw)))
+        return real(fns, repeats, device, **kw)
+
+    monkeypatch.setattr(timing, "interleaved", spy)
+    t = kv.trap(tiny, Device("cpu"), _cfg(gen_tokens=8, gen_repeats=2, trap_budget_s=60.0))
+    assert calls == [(["without cache", "with cache"], 2, ["first", "rounds"])]
+    assert t["n_tokens"] == 8 and t["tokens_match"] == 8
+    for m in t["modes"].values():
+        assert m["runs"].shape == (2, 8) and m["total_stats"].n == 2

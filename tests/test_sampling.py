@@ -230,3 +230,78 @@ def test_sample_never_picks_removed_tokens():
         ids = S.sample(x.repeat(50, 1), temperature=0.8, top_k=20, top_p=0.9, generator=g, method=method)
         kept = S.process_logits(x.repeat(50, 1), temperature=0.8, top_k=20, top_p=0.9) > NEG_INF
         assert kept.gather(-1, ids[:, None]).all()
+
+
+# ----------------------------------------------------------------------------- a row with no token left (issue 12, item 8)
+
+
+def _one_dead_row() -> torch.Tensor:
+    """(3, V) logits whose row 1 has every token at -inf (all masked)."""
+    x = CASES["random"][:3].clone()
+    x[1] = NEG_INF
+    return x
+
+
+def _dead_probs() -> torch.Tensor:
+    """The same batch as probabilities: row 1 is the softmax of an all -inf row (NaN)."""
+    return _one_dead_row().softmax(-1)
+
+
+G = torch.Generator().manual_seed(13)
+LOGIT_ENTRY_POINTS = {
+    "greedy": lambda x: S.greedy(x),
+    "temperature": lambda x: S.temperature(x, 0.7),
+    "top_k": lambda x: S.top_k(x, 5),
+    "top_p": lambda x: S.top_p(x, 0.9),
+    "min_p": lambda x: S.min_p(x, 0.1),
+    "process_logits (all off)": lambda x: S.process_logits(x),
+    "process_logits (top-p)": lambda x: S.process_logits(x, top_p=0.9),
+    "probs": lambda x: S.probs(x, top_k=5),
+    "sample multinomial": lambda x: S.sample(x, temperature=0.8, generator=G),
+    "sample gumbel": lambda x: S.sample(x, top_p=0.9, method="gumbel", generator=G),
+    "sample temperature 0": lambda x: S.sample(x, temperature=0),
+    "sample_gumbel (logits)": lambda x: S.sample_gumbel(x, G, is_probs=False),
+    "sample_gumbel (detect)": lambda x: S.sample_gumbel(x, G),
+}
+PROB_ENTRY_POINTS = {
+    "sample_multinomial": lambda p: S.sample_multinomial(p, G),
+    "sample_gumbel (probs)": lambda p: S.sample_gumbel(p, G, is_probs=True),
+    "top_p_sorting_free": lambda p: S.top_p_sorting_free(p, 0.9, G),
+    "top_k_sorting_free window": lambda p: S.top_k_sorting_free(p, 5, G),
+    "top_k_sorting_free pivot": lambda p: S.top_k_sorting_free(p, 5, G, method="pivot"),
+    "top_k_sorting_free k >= V": lambda p: S.top_k_sorting_free(p, 10_000, G),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOGIT_ENTRY_POINTS))
+def test_all_neg_inf_logit_row_raises_one_clear_value_error(name):
+    fn = LOGIT_ENTRY_POINTS[name]
+    fn(CASES["random"][:3])  # a healthy batch goes through
+    with pytest.raises(ValueError, match=r"^row 1 has no token to sample: every logit is -inf"):
+        fn(_one_dead_row())
+
+
+@pytest.mark.parametrize("name", sorted(PROB_ENTRY_POINTS))
+@pytest.mark.parametrize("dead", ["nan (softmax of all -inf)", "all zero"])
+def test_empty_probability_row_raises_one_clear_value_error(name, dead):
+    fn = PROB_ENTRY_POINTS[name]
+    fn(CASES["random"][:3].softmax(-1))  # a healthy batch goes through
+    p = _dead_probs() if dead.startswith("nan") else CASES["random"][:3].softmax(-1).index_fill(0, torch.tensor([1]), 0.0)
+    with pytest.raises(ValueError, match=r"^row 1 has no token to sample: .*as probabilities: all 0 or NaN"):
+        fn(p)
+
+
+def test_no_token_error_counts_every_dead_row():
+    x = CASES["random"][:4].clone()
+    x[[0, 2, 3]] = NEG_INF
+    with pytest.raises(S.NoTokenError, match=r"^row 0 \(and 2 more\) has no token"):
+        S.greedy(x)
+
+
+def test_a_partly_masked_row_still_samples():
+    x = torch.full((2, 8), NEG_INF)
+    x[0, 3] = 0.0  # one token left in row 0
+    x[1, 5:] = 1.0
+    assert S.greedy(x).tolist() == [3, 5]
+    assert S.sample(x, top_p=0.5, generator=G)[0].item() == 3
+    assert S.top_p_sorting_free(x.softmax(-1), 0.9, G)[0].item() == 3

@@ -57,9 +57,9 @@ class Shape:
     @classmethod
     def of(cls, config) -> Shape:
         """From an HF config (or an `llmlab.core.models.ARCHS` entry)."""
-        from llmlab.core.models import _shape
+        from llmlab.core.models import shape
 
-        s = _shape(config)
+        s = shape(config)
         return cls(s["layers"], s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["intermediate"], s["vocab"])
 
     def matmuls(self) -> list[tuple[str, int, int, int]]:

@@ -185,10 +185,11 @@ def chart_text(result: LabResult, chart: Chart, width: int, height: int = CHART_
     if chart.kind in ("bar", "stacked"):
         labels = [str(v) for v in df[chart.x]]
         values = [[_num(v) for v in df[y]] for y in ys]
+        marks = None if color else list("#o+x=%@*")[: len(ys)]  # without colour, each series its own character
         if chart.kind == "stacked" and len(ys) > 1:
-            plt.stacked_bar(labels, values, labels=ys)
+            plt.stacked_bar(labels, values, labels=ys, marker=marks)
         elif len(ys) > 1:
-            plt.multiple_bar(labels, values, labels=ys)
+            plt.multiple_bar(labels, values, labels=ys, marker=marks)
         else:
             plt.bar(labels, values[0], orientation="horizontal" if len(labels) > 8 else "vertical")
     else:

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llmlab.core.device import Device, last_level_cache_bytes, torch_threads
+from llmlab.core.device import tf32 as device_tf32
 from llmlab.core.timing import L2Flusher, Stats, measure, summarize
 
 KERNELS = ("read", "write", "copy", "triad")
@@ -104,12 +105,11 @@ def time_blocks(fn: Callable[[], object], device: Device, *, blocks: int = 10, m
     gap between calls (launch, dispatch) is then part of the throughput, not of a sample's edge.
     Returns (Stats over blocks of the mean per-call time, calls per block).
     """
-    for _ in range(max(1, warmup_calls)):
+    for _ in range(max(1, warmup_calls)):  # the last warm-up call is the probe
+        device.synchronize()
+        t0 = time.perf_counter()
         fn()
-    device.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    device.synchronize()
+        device.synchronize()
     probe = max(time.perf_counter() - t0, 1e-7)
     calls = max(1, math.ceil(min_block_s / probe))
     samples = []
@@ -179,27 +179,10 @@ def torch_dtype(spec: str):
     return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec]
 
 
-def _tf32_knob():
-    """(object, attribute, on, off) for TF32 in CUDA matmuls: the fp32_precision API on torch >= 2.9,
-    allow_tf32 before it (torch >= 2.9 refuses to mix the two)."""
-    import torch
-
-    m = torch.backends.cuda.matmul
-    if hasattr(m, "fp32_precision"):
-        return m, "fp32_precision", "tf32", "ieee"
-    return m, "allow_tf32", True, False
-
-
-@contextmanager
-def tf32(enabled: bool) -> Iterator[None]:
-    """TF32 tensor-core matmuls on (True) or strict IEEE FP32 (False) inside the block; restored after."""
-    obj, attr, on, off = _tf32_knob()
-    old = getattr(obj, attr)
-    setattr(obj, attr, on if enabled else off)
-    try:
-        yield
-    finally:
-        setattr(obj, attr, old)
+def tf32(enabled: bool):
+    """TF32 tensor-core matmuls on (True) or strict IEEE FP32 (False) inside the block; restored after.
+    core.device's one TF32 helper, so it works on every allowed torch (issue 12 item 16)."""
+    return device_tf32(matmul=enabled)
 
 
 def gemm_operands(m: int, n: int, k: int, dtype: str, device: Device, gen):

@@ -110,7 +110,8 @@ class Telemetry:
         from llmlab.core.device import nvml_read
 
         n, h = self._nvml, self._handle
-        event_reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        # nvidia-ml-py 12.535+ renamed "throttle" reasons to "clocks event" reasons; older ones have only the first name
+        event_reasons = lambda: (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons)(h)  # noqa: E731
         return {"t_s": time.perf_counter() - self._t0, **nvml_read({
             "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
             "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
@@ -119,7 +120,7 @@ class Telemetry:
             "gpu_util_pct": lambda: n.nvmlDeviceGetUtilizationRates(h).gpu,
             "mem_util_pct": lambda: n.nvmlDeviceGetUtilizationRates(h).memory,
             "mem_used_bytes": lambda: n.nvmlDeviceGetMemoryInfo(h).used,
-            "throttle": lambda: event_reasons(h),
+            "throttle": event_reasons,
         }, self.unsupported)}
 
     # -- summary

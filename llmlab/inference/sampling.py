@@ -5,6 +5,10 @@ Logits processors (each returns logits with the removed tokens at -inf):
 Samplers (each returns token ids, (B,)):
     greedy, sample_multinomial, sample_gumbel, top_p_sorting_free, top_k_sorting_free
 
+A row with no token left (every logit -inf, or NaN; as probabilities: all zero or NaN) has no
+distribution to sample from. Every entry point raises one ValueError for it (`NoTokenError`),
+naming the row, instead of NaN, a raw torch error or token 0 (issue 12, item 8).
+
 References:
 - Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration" (top-p / nucleus).
 - Fan et al. 2018, "Hierarchical Neural Story Generation" (top-k).
@@ -40,18 +44,44 @@ def _check_2d(x: torch.Tensor) -> None:
         raise ValueError(f"expected a (B, V) tensor, got shape {tuple(x.shape)}")
 
 
+class NoTokenError(ValueError):
+    """A row has no token left to sample: every logit is -inf (or NaN), or every probability is 0."""
+
+
+def _raise_empty_rows(bad: torch.Tensor) -> None:
+    """bad: (...) bool, one per row. One host sync: raise NoTokenError naming the first bad row."""
+    if bool(bad.any()):
+        rows = bad.reshape(-1).nonzero()[:, 0].tolist()
+        more = f" (and {len(rows) - 1} more)" if len(rows) > 1 else ""
+        raise NoTokenError(f"row {rows[0]}{more} has no token to sample: every logit is -inf "
+                           "(or NaN; as probabilities: all 0 or NaN). Were all tokens masked?")
+
+
+def _check_logit_rows(row_max: torch.Tensor) -> None:
+    """row_max (...): each row's largest logit. -inf (every token masked) or NaN leaves nothing to sample."""
+    _raise_empty_rows(~(row_max > NEG_INF))
+
+
+def _check_prob_rows(row_sum: torch.Tensor) -> None:
+    """row_sum (...): each row's total probability (or its largest). 0 or NaN leaves nothing to sample."""
+    _raise_empty_rows(~(row_sum > 0))
+
+
 # ----------------------------------------------------------------------------- processors
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """(B, V) -> (B,) the argmax token ids (the first one on ties)."""
-    return logits.argmax(dim=-1)
+    top, ids = logits.max(dim=-1)  # (B,), (B,): one pass gives the check's maximum for free
+    _check_logit_rows(top)
+    return ids
 
 
 def temperature(logits: torch.Tensor, t: float) -> torch.Tensor:
     """Divide the logits by t > 0: t < 1 sharpens, t > 1 flattens. t -> 0 is greedy."""
     if not t > 0:
         raise ValueError(f"temperature must be > 0 (temperature 0 is greedy decoding: use greedy()), got {t}")
+    _check_logit_rows(logits.amax(dim=-1))
     return logits / t
 
 
@@ -61,7 +91,9 @@ def top_k(logits: torch.Tensor, k: int, min_tokens_to_keep: int = 1) -> torch.Te
         raise ValueError(f"top_k must be a positive integer, got {k!r}")
     _check_min_keep(min_tokens_to_keep)
     k = min(max(k, min_tokens_to_keep), logits.size(-1))
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1) the k-th largest logit
+    vals = torch.topk(logits, k, dim=-1).values  # (B, k) descending
+    _check_logit_rows(vals[..., 0])
+    kth = vals[..., -1:]  # (B, 1) the k-th largest logit
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
@@ -76,6 +108,7 @@ def top_p(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.
         raise ValueError(f"top_p must be in [0, 1], got {p}")
     _check_min_keep(min_tokens_to_keep)
     sorted_logits, order = torch.sort(logits, descending=False)  # (B, V) ascending
+    _check_logit_rows(sorted_logits[..., -1])
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V) mass at or below each token
     remove_sorted = cum <= (1.0 - p)
     remove_sorted[..., -min_tokens_to_keep:] = False
@@ -90,7 +123,9 @@ def min_p(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.
         raise ValueError(f"min_p must be in [0, 1], got {p}")
     _check_min_keep(min_tokens_to_keep)
     pr = logits.softmax(dim=-1)  # (B, V)
-    remove = pr < p * pr.amax(dim=-1, keepdim=True)
+    top = pr.amax(dim=-1, keepdim=True)  # (B, 1); NaN where the row is all -inf
+    _check_prob_rows(top[..., 0])
+    remove = pr < p * top
     keep_top = torch.topk(pr, min(min_tokens_to_keep, pr.size(-1)), dim=-1).indices
     remove.scatter_(-1, keep_top, False)
     return logits.masked_fill(remove, NEG_INF)
@@ -120,6 +155,8 @@ def process_logits(
     """Temperature, top-k, top-p, min-p in Hugging Face's order; 1.0 / 0 / 1.0 / 0.0 switch one off."""
     validate(temperature, top_k, top_p, min_p, min_tokens_to_keep)
     out = logits
+    if temperature == 1.0 and top_k == 0 and top_p == 1.0 and min_p == 0.0:
+        _check_logit_rows(logits.amax(dim=-1))  # every step is off: check here (each one checks its input)
     if temperature != 1.0:
         out = _temperature(out, temperature)
     if top_k > 0:
@@ -146,6 +183,7 @@ def probs(logits: torch.Tensor, **kwargs) -> torch.Tensor:
 def sample_multinomial(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, V) probabilities -> (B,) token ids with torch.multinomial (inverse CDF per row)."""
     _check_2d(probs)
+    _check_prob_rows(probs.sum(dim=-1))
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -180,6 +218,7 @@ def sample_gumbel(logits_or_probs: torch.Tensor, generator: torch.Generator | No
         pr = torch.where(looks_like_probs, x, x.softmax(dim=-1))
     else:
         pr = x if is_probs else x.softmax(dim=-1)
+    _check_prob_rows(pr.sum(dim=-1))  # the softmax of an all -inf row is NaN; all-zero probabilities sum to 0
     return (pr / _exponential(pr, generator)).argmax(dim=-1)
 
 
@@ -216,6 +255,7 @@ def _pivot_search(
     """
     _check_2d(probs)
     P = probs.float()
+    _check_prob_rows(P.sum(dim=-1))
     B, V = P.shape
     out = torch.empty(B, dtype=torch.long, device=P.device)
     rows = torch.arange(B, device=P.device)  # (A,) the rows still searching
@@ -321,6 +361,7 @@ def top_k_sorting_free(
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"top_k must be a positive integer, got {k!r}")
     _check_2d(probs)
+    _check_prob_rows(probs.float().sum(dim=-1))
     if k >= probs.size(-1):
         ids = sample_gumbel(probs, generator, is_probs=True)
         return (ids, 0) if return_rounds else ids

@@ -1,7 +1,8 @@
 """A tiny streaming server: one request timed phase by phase, one FCFS worker, Poisson arrivals.
 
 Reading order: `render_chat` -> `serve` (one request: retrieval, template + tokenize, prefill,
-first token, decode steps) -> `poisson_offsets` / `burst_offsets` -> `run_fcfs` (one worker that
+first token, decode steps) -> `Delayed` / `slowed_forward` (test hooks: a known delay inside one
+component, to check that the breakdown attributes it to its phase) -> `poisson_offsets` / `burst_offsets` -> `run_fcfs` (one worker that
 sleeps until the next arrival when idle) -> queueing theory (`md1_wait`, `mm1_wait`, `mg1_wait`,
 `lindley`, `finite_run_waits`) -> streaming metrics (`vllm_metrics`, `tool_metrics`).
 
@@ -199,6 +200,58 @@ def serve(model, tokenizer, device, req: Request, retrieve: Callable[[str], str]
     tr.text, tr.tokens = "".join(pieces), ids_out
     tr.end_ns = now_ns()
     return tr
+
+
+# ---------------------------------------------------------------- attribution hooks: a known delay in one component
+
+
+def spin(seconds: float) -> None:
+    """Busy-wait until `seconds` after now (a deadline, so a descheduled spin still ends on time when it can:
+    time.sleep overshoots by milliseconds on a loaded machine, which would blur a known delay)."""
+    end = now_ns() + int(seconds * 1e9)
+    while now_ns() < end:
+        pass
+
+
+class Delayed:
+    """`inner` with `delay_s` of busy-wait added before each call of one method ("__call__" = encode for a
+    tokenizer, "decode" = detokenize). Everything else passes through, so `serve` sees the same object.
+    """
+
+    def __init__(self, inner, delay_s: float, method: str = "__call__"):
+        self._inner, self._delay_s, self._method = inner, delay_s, method
+
+    def __call__(self, *args, **kwargs):
+        if self._method == "__call__":
+            spin(self._delay_s)
+        return self._inner(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if name != self._method:
+            return attr
+
+        def delayed(*args, **kwargs):
+            spin(self._delay_s)
+            return attr(*args, **kwargs)
+
+        return delayed
+
+
+class slowed_forward:  # noqa: N801 (a context manager used like a function)
+    """`with slowed_forward(model, 0.05):` every forward of `model` (prefill and each decode step) takes
+    `delay_s` longer: a forward pre-hook that busy-waits, removed on exit."""
+
+    def __init__(self, model, delay_s: float):
+        self.model, self.delay_s, self.handle = model, delay_s, None
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_pre_hook(lambda module, args: spin(self.delay_s))
+        return self.model
+
+    def __exit__(self, *exc) -> bool:
+        self.handle.remove()
+        return False
 
 
 # ---------------------------------------------------------------- arrivals and the worker

@@ -35,11 +35,13 @@ import numpy as np
 
 from llmlab.core.device import Device, is_oom
 from llmlab.core.render import track
-from llmlab.core.results import Chart, LabResult
+from llmlab.core.results import Claim, Col, LabResult, View
 from llmlab.core.timing import Stopwatch
 
 LAB = "kvcache-growth"
-VERSION = 1
+VERSION = 2  # 2: the cache-vs-weights crossing judged from the measured rows; kv_by_length table
+JUDGE_VERSION = 1
+MIN_FIT_TOKENS = 16  # fewer generated tokens than this cannot tell n^2 from n (a busy CPU's budget cut it)
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 
@@ -294,6 +296,7 @@ def _cache_row(config, cache, kind: str, batch: int, length: int, max_len: int, 
         measured_over_formula=measured / formula, storage_bytes=storage,
         measured_MiB=measured / MiB, formula_MiB=formula / MiB,
         weights_bytes=weights_bytes, cache_over_weights=measured / weights_bytes,
+        tokens_to_outweigh=weights_bytes / kv_bytes(config, per_elem),  # formula: batch x cached tokens where cache = weights
     )
 
 
@@ -538,25 +541,32 @@ def is_quadratic(fit: dict) -> bool:
 
 
 def trap(model, device: Device, cfg: Config, progress=None) -> dict:
-    """Time both loops `gen_repeats` times; per-step medians, cumulative totals, fits."""
-    from llmlab.core.timing import summarize
+    """Time both loops `gen_repeats` times, interleaved (core.timing.interleaved); per-step medians, totals, fits.
+
+    The untimed first pass runs the no-cache loop under its time budget: the tokens it reaches set n
+    for every timed run (a slow or busy CPU gets fewer tokens, never a longer lab).
+    """
+    from llmlab.core.timing import interleaved
 
     ids = _random_ids(model.config.vocab_size, 1, cfg.gen_prompt, cfg.seed, device.torch)
-    loops = {"with cache": generate_with_cache, "without cache": generate_without_cache}
-    for fn in loops.values():  # warm-up: allocator, kernels, first-call paths
-        fn(model, ids, 4, device.synchronize)
-    steps, tokens, totals = {}, {}, {}
+    loops = {"without cache": generate_without_cache, "with cache": generate_with_cache}
     n_tokens = cfg.gen_tokens
-    runs = [(m, f) for _ in range(cfg.gen_repeats) for m, f in reversed(loops.items())]  # interleaved: load drifts hit both
-    for i, (mode, fn) in enumerate(track(progress, runs, "quadratic trap: generate with / without cache")):
-        if i == 0:  # the first no-cache run sets n within the time budget; every other run generates that n
-            toks, times = fn(model, ids, n_tokens, device.synchronize, max_s=cfg.trap_budget_s / cfg.gen_repeats)
-            n_tokens = len(times)
-        else:
-            toks, times = fn(model, ids, n_tokens, device.synchronize)
-        steps.setdefault(mode, []).append(times)
-        tokens.setdefault(mode, toks)
-        totals.setdefault(mode, []).append(sum(times) * 1e3)
+    results: dict[str, list] = {mode: [] for mode in loops}  # mode -> [(tokens, step seconds)] per timed run
+
+    def probe():
+        nonlocal n_tokens
+        _, times = generate_without_cache(model, ids, cfg.gen_tokens, device.synchronize, max_s=cfg.trap_budget_s / cfg.gen_repeats)
+        n_tokens = len(times)
+
+    def timed(mode):
+        return lambda: results[mode].append(loops[mode](model, ids, n_tokens, device.synchronize))
+
+    it = interleaved({mode: timed(mode) for mode in loops}, cfg.gen_repeats, device,
+                     first={"without cache": probe, "with cache": lambda: generate_with_cache(model, ids, 4, device.synchronize)},
+                     rounds=lambda r: track(progress, list(r), "quadratic trap: generate with / without cache"))
+    steps = {mode: [times for _, times in runs] for mode, runs in results.items()}
+    tokens = {mode: runs[0][0] for mode, runs in results.items()}
+    totals = {mode: it.stats(mode) for mode in loops}  # wall time of each whole run, ms
     out = {"tokens_match": int((tokens["with cache"] == tokens["without cache"]).all(dim=0).sum()), "n_tokens": n_tokens,
            "modes": {}}
     for mode, runs in steps.items():
@@ -567,7 +577,7 @@ def trap(model, device: Device, cfg: Config, progress=None) -> dict:
         slope = np.polyfit(context, per_step * 1e3, 1)
         out["modes"][mode] = dict(per_step_s=per_step, runs=np.array(runs), n=n, total_s=total, context=context,
                                   fit=fit_growth(n.astype(float), total), step_slope_ms_per_ktok=slope[0] * 1e3,
-                                  total_stats=summarize(totals[mode]))
+                                  total_stats=totals[mode])
     return out
 
 
@@ -588,6 +598,7 @@ def trap_tables(t: dict, points: int = 16) -> tuple[list[dict], list[dict], list
         fits.append(dict(mode=mode, n_max=int(n[-1]), total_median_s=m["total_stats"].median_ms / 1e3,
                          total_p10_s=m["total_stats"].p10_ms / 1e3, total_p90_s=m["total_stats"].p90_ms / 1e3,
                          quad_a_s_per_tok2=c2, quad_b_s_per_tok=c1, quad_c_s=c0, quad_r2=f[2]["r2"],
+                         quad_ssr=f[2]["ssr"], lin_ssr=f[1]["ssr"],
                          lin_b_s_per_tok=l1, lin_c_s=l0, lin_r2=f[1]["r2"], quad_share_at_n_max=f["quad_share"], n2_overtakes_at_n=f["overtake_n"],
                          step_ms_first=float(m["per_step_s"][1] * 1e3), step_ms_last=float(m["per_step_s"][-1] * 1e3),
                          step_slope_ms_per_1k_context=m["step_slope_ms_per_ktok"], quadratic=is_quadratic(f)))
@@ -598,8 +609,9 @@ def trap_tables(t: dict, points: int = 16) -> tuple[list[dict], list[dict], list
 
 
 def run(cfg: Config, device: Device, progress=None) -> LabResult:
-    """Measures. Returns data. Never prints."""
+    """Measures. Fills tables, env, notes, skipped. Never prints, never judges."""
     res = LabResult.new(LAB, VERSION, cfg)
+    res.judge_version = JUDGE_VERSION
     with res.guard():
         lm = _load(cfg, device)
         model = lm.model
@@ -628,54 +640,14 @@ def _load(cfg: Config, device: Device):
 
 def part_real_cache(res: LabResult, model, device: Device, cfg: Config, weights_bytes: int, progress) -> None:
     rows, notes = measure_cache_rows(model, device, cfg, weights_bytes, progress)
-    for n in notes:
+    for n in notes[:2]:  # the sweep's stops; the rest are alike
         res.note(n)
-    df = res.add_table("real_cache", rows)
-    res.charts.append(Chart("KV cache bytes vs length: measured tensors on the formula's line", "real_cache", "seq_len",
-                            ["formula_MiB", "measured_MiB"], kind="line", series="series", logx=True, logy=True,
-                            xlabel="sequence length (tokens, log)", ylabel="cache MiB (log)"))
-    per_tok = kv_bytes(model.config, _elem_size(df["dtype"].iloc[0]))
-    n_match = int(df["match"].sum())
-    res.claim("measured cache bytes equal the formula at every length",
-              f"batch x tokens x 2 x {model.config.num_hidden_layers} layers x kv_heads x head_dim x bytes = {per_tok:.0f} B/token",
-              f"{n_match}/{len(df)} rows equal exactly (dynamic and static; max |measured/formula - 1| = "
-              f"{(df['measured_over_formula'] - 1).abs().max():.2g})", n_match == len(df))
-    _claim_outweighs_tiny(res, df, cfg.model, weights_bytes, per_tok)
-    with_sw = sliding_window_rows(cfg)
-    sw = res.add_table("sliding_window", with_sw)
-    res.claim("a sliding window caps the cache at the window (Mistral)",
-              f"cached tokens = min(length, window); HF's DynamicCache keeps window-1 = {cfg.window_probe - 1}",
-              f"cached tokens {', '.join(str(v) for v in sw['cached_tokens'])} at lengths {', '.join(str(v) for v in sw['seq_len'])}; "
-              f"bytes equal the formula in {int(sw['match'].sum())}/{len(sw)}", bool(sw["match"].all()),
-              note="measured on a Mistral-7B skeleton (32 layers, 8 KV heads x 128, random weights) with the window shrunk")
+    res.add_table("real_cache", rows)
+    res.add_table("sliding_window", sliding_window_rows(cfg))
     if device.is_cuda:
-        alloc = res.add_table("allocator", allocator_rows(model, device, cfg))
-        ok = alloc[~alloc["oom"]] if "oom" in alloc else alloc
-        dyn, sta = ok[ok["cache"] == "dynamic"], ok[ok["cache"] == "static"]
-        holds = None if dyn.empty or sta.empty else bool(dyn["step_peak_extra_bytes"].max() > sta["step_peak_extra_bytes"].max())
-        res.claim("a growing DynamicCache copies itself on every step; a StaticCache does not",
-                  "DynamicCache step peak >= one layer's K+V above the cache; StaticCache step peak ~ activations only",
-                  f"step peak above allocated: dynamic up to {dyn['step_peak_extra_bytes'].max() / MiB:.1f} MiB, "
-                  f"static up to {sta['step_peak_extra_bytes'].max() / MiB:.1f} MiB" if holds is not None else "no rows", holds)
+        res.add_table("allocator", allocator_rows(model, device, cfg))
     else:
-        res.claim("a growing DynamicCache copies itself on every step; a StaticCache does not",
-                  "DynamicCache step peak >= one layer's K+V above the cache", "-", None,
-                  note="not measured: no GPU (the allocator view needs torch.cuda.memory_allocated)")
-
-
-def _claim_outweighs_tiny(res: LabResult, df, ref: str, weights_bytes: int, per_tok: float) -> None:
-    n_star = weights_bytes / per_tok
-    dyn = df[df["cache"] == "dynamic"]
-    crossed = dyn[dyn["measured_bytes"] > weights_bytes]
-    consistent = bool(((dyn["measured_bytes"] > weights_bytes) == (dyn["batch"] * dyn["cached_tokens"] > n_star)).all())
-    parts = []
-    for b, g in dyn.groupby("batch"):
-        over = g[g["measured_bytes"] > weights_bytes]
-        parts.append(f"b={b}: {'from ' + str(int(over['seq_len'].min())) + ' tokens' if len(over) else 'not within the grid (max ' + str(int(g['seq_len'].max())) + ')'}")
-    res.claim(f"at N tokens of context the cache outweighs the weights ({ref})",
-              f"N = weights / bytes per token = {weights_bytes / MiB:.1f} MiB / {per_tok:.0f} B = {n_star:.0f} tokens (batch x length)",
-              "measured cache > weights " + "; ".join(parts), consistent and len(crossed) > 0 if len(crossed) else None,
-              note="" if len(crossed) else "not measured: no grid point reached N (raise --batches/--lengths)")
+        res.skip("allocator", "no GPU (needs torch.cuda.memory_allocated)")
 
 
 def part_registry(res: LabResult, model, device: Device, cfg: Config, progress) -> None:
@@ -684,32 +656,28 @@ def part_registry(res: LabResult, model, device: Device, cfg: Config, progress) 
     extra = None
     if not cfg.model.startswith("arch:"):
         real = res.tables["real_cache"]
-        first = real[real["cache"] == "dynamic"].iloc[-1]
+        last = real[real["cache"] == "dynamic"].iloc[-1]
         extra = dict(name=cfg.model, config=model.config,
-                     measured_bf16_per_token=first["measured_bytes"] / (first["batch"] * first["cached_tokens"])
-                     * 2 / _elem_size(first["dtype"]))
-    rows = registry_rows(cfg, device, extra, progress)
-    reg = res.add_table("registry", rows)
+                     measured_bf16_per_token=last["measured_bytes"] / (last["batch"] * last["cached_tokens"])
+                     * 2 / _elem_size(last["dtype"]))
+    reg = res.add_table("registry", registry_rows(cfg, device, extra, progress))
+    res.add_table("kv_by_length", kv_by_length_rows(reg, cfg))
     res.add_table("cache_dtypes", dtype_rows([(cfg.model, model.config)] + [(n, arch_config(n)) for n in ARCHS]))
-    l2, l3 = (reg.set_index("model").loc[n] for n in ("llama-2-7b", "llama-3-8b"))
-    ratio = l2["measured_bf16_KiB_per_token"] / l3["measured_bf16_KiB_per_token"]
-    res.claim("Llama 3 8B needs 4x less KV per token than Llama 2 7B",
-              f"formula, BF16: 2x32x32x128x2 B = {l2['bf16_KiB_per_token']:.0f} KiB (MHA) vs 2x32x8x128x2 B = "
-              f"{l3['bf16_KiB_per_token']:.0f} KiB (GQA-4): {l2['bf16_KiB_per_token'] / l3['bf16_KiB_per_token']:.1f}x",
-              f"HF caches of both skeletons: {l2['measured_bf16_KiB_per_token']:.0f} vs {l3['measured_bf16_KiB_per_token']:.0f} KiB/token: {ratio:.2f}x",
-              ratio == 4.0 and l2["bf16_KiB_per_token"] == 512 and l3["bf16_KiB_per_token"] == 128,
-              note="skeleton: the real layers, KV heads, head_dim and window with hidden/MLP/vocab shrunk (random weights)")
-    arch = reg[reg["model"].isin(list(ARCHS))]
-    parts = [f"{r.model} {r.cache_outweighs_weights_at_tokens / 1e3:.0f}k ({r.cache_outweighs_weights_at_tokens / min(r.max_context, cfg.concurrency_context):.1f} x {_k(min(r.max_context, cfg.concurrency_context))} requests)"
-             for r in arch.itertuples()]
-    res.claim("at N tokens of context the cache outweighs the weights (registry, BF16 weights)",
-              f"N = weight bytes / KV bytes per token ({cache_dtype(cfg.cache_dtype).name} cache)", "; ".join(parts), True,
-              note="formula, not measured on full-size models: a single request stays below N within its context "
-                   "window; a batch of requests crosses it")
-    res.note(f"registry capacity on {device.spec} ({device.total_memory_bytes() / GiB:.1f} GiB): {cfg.memory_utilization:.0%} of "
-             "the memory minus the BF16 weights, as vLLM's gpu_memory_utilization; activations are not subtracted "
-             "(vLLM profiles them), so tokens and concurrency are upper bounds. Sliding-window models (Mistral) hold "
-             "at most `window` tokens per request. GiB at a context beyond a model's max_context is hypothetical.")
+    res.note(f"capacity on {device.spec} ({device.total_memory_bytes() / GiB:.1f} GiB): {cfg.memory_utilization:.0%} of it "
+             "minus the BF16 weights (vLLM's gpu_memory_utilization); activations not subtracted: upper bounds")
+
+
+def kv_by_length_rows(reg, cfg: Config) -> list[dict]:
+    """Each model's cache for one request vs context length: measured bytes per token x cached tokens."""
+    lengths = sorted({1024, *cfg.contexts})
+    rows = []
+    for r in reg.itertuples():
+        for n in lengths:
+            held = cached_tokens(n, r.window or None)
+            rows.append(dict(model=r.model, context=n, cached_tokens=held,
+                             GiB=held * r.measured_bf16_KiB_per_token * KiB / GiB,
+                             beyond_max_context=bool(r.max_context and n > r.max_context)))
+    return rows
 
 
 def _elem_size(dtype: str) -> int:
@@ -721,23 +689,205 @@ def part_trap(res: LabResult, model, device: Device, cfg: Config, progress) -> N
     steps, totals, fits = trap_tables(t)
     res.add_table("generation_steps", steps)
     res.add_table("generation_totals", totals)
-    fdf = res.add_table("generation_fits", fits)
-    res.charts.append(Chart("total generation time: with the cache (linear) vs without (quadratic)", "generation_totals",
-                            "n_tokens", "total_s", kind="line", series="mode", xlabel="tokens generated", ylabel="total s"))
-    res.charts.append(Chart("time per token vs context: flat with the cache, a ramp without", "generation_steps",
-                            "context_len", "step_ms", kind="line", series="mode", xlabel="context (tokens)", ylabel="ms per token"))
-    nc, wc = (fdf.set_index("mode").loc[m] for m in ("without cache", "with cache"))
-    res.claim("without a cache total generation time grows quadratically",
-              "least squares T(n) = a n^2 + b n + c: a > 0 and the parabola's squared residual <= half the line's",
-              f"without: a = {nc['quad_a_s_per_tok2'] * 1e6:.1f} us/tok^2, R^2 {nc['quad_r2']:.5f} vs line {nc['lin_r2']:.5f}; "
-              f"n^2 term {nc['quad_share_at_n_max']:.0%} of T at n = {int(nc['n_max'])}, overtakes b n at n ~ {nc['n2_overtakes_at_n']:.0f}; "
-              f"with cache: a = {wc['quad_a_s_per_tok2'] * 1e6:.1f} us/tok^2 (n^2 term {wc['quad_share_at_n_max']:.0%})", bool(nc["quadratic"]),
-              note=f"per-token time {nc['step_ms_first']:.1f} -> {nc['step_ms_last']:.1f} ms without, "
-                   f"{wc['step_ms_first']:.1f} -> {wc['step_ms_last']:.1f} ms with the cache (median of {cfg.gen_repeats} runs)")
-    n = t["n_tokens"]
-    if n < cfg.gen_tokens:
-        res.note(f"quadratic trap: the no-cache loop reached its {cfg.trap_budget_s:.0f} s budget at {n} of {cfg.gen_tokens} "
-                 "tokens; every run generated that many")
-    res.claim("the cache changes the speed, not the output (greedy)",
-              f"{n}/{n} tokens equal", f"{t['tokens_match']}/{n} tokens equal", t["tokens_match"] == n,
-              note="random prompt ids: timing the loops needs no meaningful text")
+    res.add_table("generation_fits", [dict(f, tokens_equal=t["tokens_match"], tokens_compared=t["n_tokens"]) for f in fits])
+    if t["n_tokens"] < cfg.gen_tokens:
+        res.note(f"quadratic trap: the no-cache loop hit its {cfg.trap_budget_s:.0f} s budget at {t['n_tokens']} of "
+                 f"{cfg.gen_tokens} tokens; every run generated that many")
+
+
+# ---------------------------------------------------------------- judge: every verdict from the tables
+
+
+def judge(result: LabResult) -> list[Claim]:
+    """Pure: the claims from result.tables alone (a saved run re-judges the same)."""
+    T = result.tables
+    claims = []
+    if "real_cache" in T:
+        claims += [_judge_bytes(T["real_cache"]), _judge_outweighs(T["real_cache"], result.config.get("model", "?"))]
+    if "sliding_window" in T:
+        claims.append(_judge_window(T["sliding_window"]))
+    claims.append(_judge_allocator(T.get("allocator"), result.skipped.get("allocator", "")))
+    if "registry" in T:
+        claims.append(_judge_gqa(T["registry"]))
+    if "generation_fits" in T:
+        claims += _judge_trap(T["generation_fits"])
+    return claims
+
+
+def _judge_bytes(df) -> Claim:
+    n_match = int((df["measured_bytes"] == df["formula_bytes"]).sum())
+    worst = float((df["measured_bytes"] / df["formula_bytes"] - 1).abs().max())
+    per_tok = df["formula_bytes"].iloc[0] / (df["batch"].iloc[0] * df["cached_tokens"].iloc[0])
+    return Claim("kvcache_growth.bytes_match_formula", "measured cache bytes equal the formula at every length",
+                 f"2 x layers x kv_heads x head_dim x bytes = {per_tok:.0f} B/tok",
+                 f"{n_match}/{len(df)} rows exact (worst off by {worst:.2g})", n_match == len(df))
+
+
+def _judge_outweighs(df, model: str) -> Claim:
+    """Measured cache bytes cross the weights exactly where batch x cached tokens crosses the formula's N."""
+    dyn = df[df["cache"] == "dynamic"]
+    over = dyn["measured_bytes"] > dyn["weights_bytes"]
+    predicted = dyn["batch"] * dyn["cached_tokens"] > dyn["tokens_to_outweigh"]
+    n_star = float(dyn["tokens_to_outweigh"].iloc[0])
+    first = dyn[over].sort_values(["batch", "seq_len"]).head(1)
+    text = f"the cache outweighs the weights past N tokens ({model})"
+    expected = f"N = weights / bytes per token = {n_star:,.0f} (batch x tokens)"
+    if not over.any():
+        return Claim("kvcache_growth.cache_outweighs_weights", text, expected,
+                     f"largest cache {dyn['cache_over_weights'].max():.2f}x the weights", None,
+                     note="not measured: no grid point reached N (raise --batches or --lengths)")
+    r = first.iloc[0]
+    agree = int((over == predicted).sum())
+    return Claim("kvcache_growth.cache_outweighs_weights", text, expected,
+                 f"first at b={int(r['batch'])} x {int(r['seq_len'])} ({r['cache_over_weights']:.2f}x); "
+                 f"{agree}/{len(dyn)} rows on the predicted side", agree == len(dyn))
+
+
+def _judge_window(sw) -> Claim:
+    w = int(sw["window"].iloc[0])
+    ok = (sw["cached_tokens"] == sw["formula_tokens"]) & (sw["measured_bytes"] == sw["formula_bytes"])
+    capped = int(sw["cached_tokens"].max())
+    return Claim("kvcache_growth.sliding_window_caps", "a sliding window caps the cache (Mistral skeleton)",
+                 f"min(length, window - 1 = {w - 1}) tokens (HF's rule)",
+                 f"<= {capped} tokens to length {int(sw['seq_len'].max())}; {int(ok.sum())}/{len(sw)} rows exact",
+                 bool(ok.all()))
+
+
+def _judge_allocator(alloc, why: str) -> Claim:
+    cid, text = "kvcache_growth.dynamic_cache_copies", "a DynamicCache copies itself each step; a StaticCache not"
+    expected = "dynamic step peak > static's"
+    if alloc is None or alloc.empty:
+        return Claim(cid, text, expected, "-", None, note=f"not measured: {why or 'no allocator rows'}")
+    ok = alloc[~alloc["oom"].astype(bool)]
+    dyn, sta = ok[ok["cache"] == "dynamic"], ok[ok["cache"] == "static"]
+    if dyn.empty or sta.empty:
+        return Claim(cid, text, expected, "-", None, note="not measured: out of memory before both caches had a row")
+    d, s = dyn["step_peak_extra_bytes"].max(), sta["step_peak_extra_bytes"].max()
+    return Claim(cid, text, expected, f"step peak: dynamic {d / MiB:.1f} MiB, static {s / MiB:.1f} MiB", bool(d > s))
+
+
+def _judge_gqa(reg) -> Claim:
+    r = reg.set_index("model")
+    l2, l3 = r.loc["llama-2-7b"], r.loc["llama-3-8b"]
+    ratio = l2["measured_bf16_KiB_per_token"] / l3["measured_bf16_KiB_per_token"]
+    formula = l2["bf16_KiB_per_token"] / l3["bf16_KiB_per_token"]
+    return Claim("kvcache_growth.gqa_4x_smaller", "Llama 3 8B needs 4x less KV per token than Llama 2 7B",
+                 f"{l2['bf16_KiB_per_token']:.0f} vs {l3['bf16_KiB_per_token']:.0f} KiB (32 vs 8 KV heads): {formula:.1f}x",
+                 f"HF caches {l2['measured_bf16_KiB_per_token']:.0f} vs {l3['measured_bf16_KiB_per_token']:.0f} KiB/token: {ratio:.2f}x",
+                 bool(abs(ratio - 4.0) < 1e-9 and abs(formula - 4.0) < 1e-9))
+
+
+def _judge_trap(fits) -> list[Claim]:
+    f = fits.set_index("mode")
+    nc, wc = f.loc["without cache"], f.loc["with cache"]
+    n = int(nc["n_max"])
+    text = "without a cache, total generation time grows quadratically"
+    expected = "a n^2 + b n + c: a > 0, residual <= 0.5x a line's"
+    measured = f"a = {nc['quad_a_s_per_tok2'] * 1e6:.1f} us/tok^2, residual {nc['quad_ssr'] / nc['lin_ssr']:.2f}x; {n} tokens"
+    if n < MIN_FIT_TOKENS:
+        quad = Claim("kvcache_growth.no_cache_quadratic", text, expected, measured, None,
+                     note=f"not measured: {n} tokens (< {MIN_FIT_TOKENS}) cannot tell n^2 from n (time budget)")
+    else:
+        quad = Claim("kvcache_growth.no_cache_quadratic", text, expected, measured,
+                     bool(nc["quad_a_s_per_tok2"] > 0 and nc["quad_ssr"] <= 0.5 * nc["lin_ssr"]))
+    eq, total = int(wc["tokens_equal"]), int(wc["tokens_compared"])
+    same = Claim("kvcache_growth.cache_same_output", "the cache changes the speed, not the output (greedy)",
+                 f"{total}/{total} tokens equal", f"{eq}/{total} tokens equal", eq == total)
+    return [quad, same]
+
+
+def headline(result: LabResult, claims: list[Claim]) -> str:
+    """The one thing this run found."""
+    T = result.tables
+    parts = []
+    if "real_cache" in T:
+        df = T["real_cache"]
+        per_tok = df["formula_bytes"].iloc[0] / (df["batch"].iloc[0] * df["cached_tokens"].iloc[0])
+        exact = bool((df["measured_bytes"] == df["formula_bytes"]).all())
+        parts.append(f"The KV cache is {'exactly' if exact else 'not'} the formula: {per_tok:,.0f} B per token here, "
+                     "growing linearly with length x batch.")
+    if "generation_fits" in T:
+        nc = T["generation_fits"].set_index("mode").loc["without cache"]
+        wc = T["generation_fits"].set_index("mode").loc["with cache"]
+        if nc["n_max"] < MIN_FIT_TOKENS:
+            parts.append(f"The quadratic trap reached only {int(nc['n_max'])} tokens in its time budget (a slow or busy CPU): "
+                         "too few to judge.")
+        else:
+            parts.append(f"Without it each token recomputes the prefix: {nc['step_ms_first']:.1f} -> {nc['step_ms_last']:.1f} ms "
+                         f"per token vs {wc['step_ms_last']:.1f} ms with it.")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------- views: the report, in the article's order
+
+
+def views(result: LabResult) -> list[View]:
+    big = result.config.get("contexts", [131072])[-1]
+    return [
+        View("1. The real cache against the formula", "Do the K/V tensors weigh exactly batch x tokens x bytes per token?",
+             "real_cache", (Col("series", "cache", "text"), Col("seq_len", "tokens", "int"), Col("measured_MiB", "measured MiB"),
+                            Col("formula_MiB", "formula MiB"), Col("cache_over_weights", "x weights", ".2f")),
+             rows=_real_rows),
+        View("2. A sliding window caps it", "Mistral's window: does the cache stop growing at the window?", "sliding_window",
+             (Col("seq_len", "length", "int"), Col("cached_tokens", "cached tokens", "int"),
+              Col("formula_tokens", "HF formula", "int"), Col("measured_bytes", "bytes", "int"))),
+        View("3. Dynamic vs static cache (allocator)", "Does a growing cache copy itself on every step?", "allocator",
+             (Col("cache", "cache", "text"), Col("seq_len", "tokens", "int"), Col("step_peak_extra_bytes", "step peak B", "int"),
+              Col("step_peak_over_one_layer", "x one layer KV", ".2f"))),
+        View("4. Real models side by side (BF16 cache)", "How much KV does each architecture need, and how many requests fit?",
+             "registry", (Col("model", "model", "text", 13), Col("attention", "attention", "text"),
+                          Col("measured_bf16_KiB_per_token", "KiB / token", ".0f"), Col(f"GiB_at_{_k(big)}", f"GiB at {_k(big)}", ".1f"),
+                          Col("cache_outweighs_weights_at_tokens", "= weights at tokens", "int"),
+                          Col("max_concurrency", "requests here", ".1f"))),
+        View("5. Cache dtypes", "Bytes per token of Llama 3 8B's cache in each storage format", "cache_dtypes",
+             (Col("cache_dtype", "cache dtype", "text"), Col("bytes_per_value", "bytes / value", ".4g"),
+              Col("scale_overhead_pct", "scales %", ".2f"), Col("KiB_per_token", "KiB / token", ".1f")),
+             rows=lambda d: d[d["model"] == "llama-3-8b"].drop_duplicates("cache_dtype")),
+        View("6. The quadratic trap", "Generating without a cache: does total time grow as n^2?", "generation_fits",
+             (Col("mode", "mode", "text"), Col("n_max", "tokens", "int"), Col("step_ms_first", "first ms/tok", ".1f"),
+              Col("step_ms_last", "last ms/tok", ".1f"), Col("total_median_s", "total s", ".2f"), Col("quad_r2", "R^2 n^2 fit", ".4f"))),
+    ]
+
+
+def _real_rows(df):
+    """Dynamic rows past one token, then the static cache's last row (it is full from the start)."""
+    import pandas as pd
+
+    dyn = df[(df["cache"] == "dynamic") & (df["seq_len"] > 1)]
+    return pd.concat([dyn, df[df["cache"] == "static"].tail(1)])
+
+
+def figures(result: LabResult) -> list:
+    """The HTML report's plot: KV bytes of one request vs context length, one line per architecture."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    df = result.tables.get("kv_by_length")
+    if df is None or df.empty:
+        return figs
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for model, g in df.groupby("model", sort=False):
+        ax.plot(g["context"], g["GiB"], marker="o", markersize=3, label=model)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("KV cache, one request (GiB)")
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    figs.append(("KV cache bytes vs context length per architecture (BF16, measured bytes per token; Mistral capped by its window)", fig))
+    tot = result.tables.get("generation_totals")
+    if tot is not None and not tot.empty:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for mode, g in tot.groupby("mode", sort=False):
+            ax.plot(g["n_tokens"], g["total_s"], marker="o", markersize=3, label=f"{mode} (measured)")
+            ax.plot(g["n_tokens"], g["fit_quadratic_s"], linestyle=":", color="0.4")
+        ax.set_xlabel("tokens generated")
+        ax.set_ylabel("total time (s)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        figs.append(("The quadratic trap: total generation time with and without the cache (dotted: the n^2 fit)", fig))
+    return figs

@@ -125,37 +125,36 @@ class Engine:
 
     # ---------------------------------------------------------------- one step
 
-    def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        pos = torch.arange(start, end)
-        table = torch.tensor(seq.block_table)
-        return table[pos // self.cfg.block_size] * self.cfg.block_size + pos % self.cfg.block_size  # (end - start,)
-
     def build_batch(self, sched: list[Scheduled]) -> Batch:
-        ids, pos, slots, prefills, d_rows, d_slots, d_seq, logit_rows = [], [], [], [], [], [], [], []
+        """Plain Python lists, one tensor each at the end: small per-sequence tensors cost more than the lists."""
+        bs = self.cfg.block_size
+        ids, pos, slots, prefills, d_rows, d_tables, d_lens, logit_rows = [], [], [], [], [], [], [], []
         row = 0
         for s in sched:
             seq, a, n = s.seq, s.seq.num_computed, s.n_tokens
+            table = seq.block_table[: -(-(a + n) // bs)]  # the blocks holding positions 0 .. a + n - 1
             ids.extend(seq.token_ids[a : a + n])
-            pos.append(torch.arange(a, a + n))
-            ctx_slots = self._slots(seq, 0, a + n)  # (ctx,)
-            slots.append(ctx_slots[a:])
+            pos.extend(range(a, a + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(a, a + n))  # where the new K/V go
             if n == 1:
-                d_seq.append(torch.full((a + 1,), len(d_rows)))
                 d_rows.append(row)
-                d_slots.append(ctx_slots)
+                d_tables.append(table)
+                d_lens.append(a + 1)
             else:
-                prefills.append((row, n, ctx_slots))
+                prefills.append((row, n, a + n, table))
             if self.record_logits:
                 logit_rows.extend(range(row, row + n))
             elif s.samples:
                 logit_rows.append(row + n - 1)
             row += n
         dev = self.runner.device
-        cat = (lambda xs: torch.cat(xs).to(dev)) if d_rows else (lambda xs: torch.empty(0, dtype=torch.long, device=dev))
+        long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
+        nb = max((len(t) for t in d_tables), default=0)
+        tables = long([t + [0] * (nb - len(t)) for t in d_tables]).view(len(d_tables), nb)  # (Nd, nb) padded with block 0 (masked)
+        mask = torch.arange(nb * bs, device=dev)[None, :] < long(d_lens)[:, None]  # (Nd, nb * B)
         return Batch(
-            input_ids=torch.tensor(ids, device=dev), positions=torch.cat(pos).to(dev), slots=torch.cat(slots).to(dev),
-            prefills=[(r, n, c.to(dev)) for r, n, c in prefills], decode_rows=torch.tensor(d_rows, dtype=torch.long, device=dev),
-            decode_key_slots=cat(d_slots), decode_key_seq=cat(d_seq), logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),
+            input_ids=long(ids), positions=long(pos), slots=long(slots), prefills=[(r, n, c, long(t)) for r, n, c, t in prefills],
+            decode_rows=long(d_rows), decode_tables=tables, decode_mask=mask, logit_rows=long(logit_rows),
         )
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:

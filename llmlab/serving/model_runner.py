@@ -5,14 +5,18 @@ concatenated into one (N,) batch: embeddings, the q/k/v/o projections, the MLP a
 run once over all N rows, with no padding to the longest sequence. Only attention is per
 sequence, and it reads each sequence's keys and values through its block table:
 
-- prefill chunks (more than one new token): K/V gathered from the sequence's blocks, then
-  `F.scaled_dot_product_attention` with a causal mask offset by the tokens already cached
-  (the same call on CUDA, where SDPA picks its fused kernel; `enable_gqa` shares KV heads);
-- decode tokens (one new token each), all sequences at once: a ragged attention over the
-  concatenated keys of every decoding sequence (one score per (key, head), a per-sequence
-  softmax by scatter max / index_add, no padding), a handful of kernels however many
-  sequences decode. On CUDA the same torch ops run (no paged-attention kernel here: that is
-  what vLLM's and FlashInfer's kernels add).
+- prefill chunks (more than one new token), one sequence at a time: its blocks gathered whole
+  through its block table (`index_select` of (block_size, kv_heads, head_dim) blocks), then
+  `F.scaled_dot_product_attention` with a causal mask offset by the tokens already cached;
+- decode tokens (one new token each), all decoding sequences in one SDPA call: their block
+  tables, padded with block 0 to the longest one in the step, gather (Nd, blocks * block_size)
+  keys, and a mask hides the positions past each sequence's length. That padding is inside
+  attention only (at most the longest context of the step's decodes), never in the matmuls.
+  A fully ragged decode attention (scores per key, per-sequence softmax by scatter max and
+  index_add, no padding) was exact too but 2-4x slower on a CPU: gathering single slots costs
+  more than gathering whole blocks.
+On CUDA the same calls run (SDPA picks its fused kernel where the mask allows, else the math
+path); there is no paged-attention kernel here: that is what vLLM's and FlashInfer's kernels add.
 
 The weights are the Hugging Face model's own modules (Linear layers, embeddings, the rotary
 embedding module, so RoPE scaling is computed exactly as HF computes it for the config);
@@ -41,10 +45,10 @@ class Batch:
     input_ids: torch.Tensor  # (N,) the new tokens of all scheduled sequences, concatenated
     positions: torch.Tensor  # (N,) each token's position in its sequence
     slots: torch.Tensor  # (N,) where each new token's K/V are written in the flat cache
-    prefills: list[tuple[int, int, torch.Tensor]]  # (start row, new tokens, slots of the whole context (ctx,))
+    prefills: list[tuple[int, int, int, torch.Tensor]]  # (start row, new tokens, context length, block table (nb,))
     decode_rows: torch.Tensor  # (Nd,) rows of decode tokens in the batch
-    decode_key_slots: torch.Tensor  # (S,) every decoding sequence's context slots, concatenated
-    decode_key_seq: torch.Tensor  # (S,) which decode (0..Nd-1) each key belongs to
+    decode_tables: torch.Tensor  # (Nd, max_blocks) block tables of the decoding sequences, padded with block 0
+    decode_mask: torch.Tensor  # (Nd, max_blocks * block_size) True where a position holds one of the sequence's keys
     logit_rows: torch.Tensor  # (M,) rows whose logits are wanted
 
 
@@ -96,17 +100,13 @@ class ModelRunner:
             o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=self.scale, enable_gqa=True)
         return o[0].transpose(0, 1)  # (n, Hq, D)
 
-    def decode_attention(self, q, k, v, key_seq) -> torch.Tensor:
-        """Ragged: q (Nd, Hq, D); k/v (S, Hkv, D) all decoding sequences' keys; key_seq (S,) -> (Nd, Hq, D)."""
-        nd, g = q.shape[0], self.n_heads // self.n_kv
-        qg = q.view(nd, self.n_kv, g, self.head_dim)  # (Nd, Hkv, G, D)
-        scores = torch.einsum("skgd,skd->skg", qg[key_seq], k) * self.scale  # (S, Hkv, G)
-        idx = key_seq.view(-1, 1, 1).expand_as(scores)
-        m = scores.new_full((nd, self.n_kv, g), float("-inf")).scatter_reduce(0, idx, scores, "amax", include_self=True)
-        e = (scores - m[key_seq]).exp()  # (S, Hkv, G)
-        den = scores.new_zeros((nd, self.n_kv, g)).index_add_(0, key_seq, e)  # (Nd, Hkv, G)
-        num = q.new_zeros((nd, self.n_kv, g, self.head_dim)).index_add_(0, key_seq, e.unsqueeze(-1) * v.unsqueeze(2))
-        return (num / den.unsqueeze(-1)).view(nd, self.n_heads, self.head_dim)
+    def decode_attention(self, q, kb, vb, tables, mask) -> torch.Tensor:
+        """q (Nd, Hq, D); kb/vb (blocks, B, Hkv, D); tables (Nd, nb); mask (Nd, nb * B) -> (Nd, Hq, D)."""
+        nd, nb = tables.shape
+        k = kb.index_select(0, tables.view(-1)).view(nd, nb * self.block_size, self.n_kv, self.head_dim).transpose(1, 2)  # (Nd, Hkv, T, D)
+        v = vb.index_select(0, tables.view(-1)).view(nd, nb * self.block_size, self.n_kv, self.head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True)
+        return o.squeeze(2)  # (Nd, Hq, D)
 
     # ---------------------------------------------------------------- one layer
 
@@ -122,12 +122,15 @@ class ModelRunner:
         kc, vc = self.k_cache[li], self.v_cache[li]  # (slots, Hkv, D)
         kc[b.slots] = k
         vc[b.slots] = v
+        kb = kc.view(-1, self.block_size, self.n_kv, self.head_dim)  # (blocks, B, Hkv, D)
+        vb = vc.view(-1, self.block_size, self.n_kv, self.head_dim)
         o = torch.empty_like(q)  # (N, Hq, D)
-        for start, n_new, ctx_slots in b.prefills:
-            o[start : start + n_new] = self.prefill_attention(q[start : start + n_new], kc[ctx_slots], vc[ctx_slots], n_new)
+        for start, n_new, ctx, table in b.prefills:
+            k_all = kb.index_select(0, table).view(-1, self.n_kv, self.head_dim)[:ctx]  # (ctx, Hkv, D)
+            v_all = vb.index_select(0, table).view(-1, self.n_kv, self.head_dim)[:ctx]
+            o[start : start + n_new] = self.prefill_attention(q[start : start + n_new], k_all, v_all, n_new)
         if b.decode_rows.numel():
-            ks, vs = kc[b.decode_key_slots], vc[b.decode_key_slots]  # (S, Hkv, D)
-            o[b.decode_rows] = self.decode_attention(q[b.decode_rows], ks, vs, b.decode_key_seq)
+            o[b.decode_rows] = self.decode_attention(q[b.decode_rows], kb, vb, b.decode_tables, b.decode_mask)
         return attn.o_proj(o.view(n, self.n_heads * self.head_dim))  # (N, hidden)
 
     @staticmethod

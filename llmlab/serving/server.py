@@ -37,14 +37,15 @@ import uuid
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from llmlab.serving.engine import Engine, EngineConfig
-from llmlab.serving.scheduler import RequestParams, Sequence
+if TYPE_CHECKING:  # torch loads with the engine: `llmlab serve` checks its port before paying for that
+    from llmlab.serving.engine import Engine
+    from llmlab.serving.scheduler import RequestParams, Sequence
 
 now_ns = time.perf_counter_ns
 
@@ -299,6 +300,8 @@ def render_messages(tokenizer, messages: list[dict]) -> str:
 def create_app(engine: Engine, tokenizer, model_name: str):
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    from llmlab.serving.scheduler import RequestParams
+
     metrics = Metrics()
     aeng = AsyncEngine(engine, metrics)
     eos_ids = engine.eos_ids
@@ -488,13 +491,21 @@ def create_app(engine: Engine, tokenizer, model_name: str):
 def serve(model: str = "tiny", host: str = "127.0.0.1", port: int = 8000, device: str = "auto", max_num_seqs: int = 64,
           kv_blocks: int = 1024, prefix_cache: bool = True, max_num_batched_tokens: int = 512, log=print) -> None:
     """Load the model, check the engine exact against HF, then serve until Ctrl-C."""
+    import socket
+
+    from llmlab.core.errors import UsageError
+
+    with socket.socket() as sock:  # fail fast, with one line, before loading anything
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     import torch
     import uvicorn
 
     from llmlab.core.device import resolve_device
-    from llmlab.core.errors import UsageError
     from llmlab.core.models import load
-    from llmlab.serving.engine import check_exact
+    from llmlab.serving.engine import Engine, EngineConfig, check_exact
 
     dev = resolve_device(device, None)
     lm = load(model, dev)

@@ -1,0 +1,307 @@
+"""Tensor parallelism on torch.distributed: a Megatron-style sharded Llama decode, collectives timed, ranks launched.
+
+- `ShardedLlama`: one rank's share of an HF Llama-family model, sliced from the model's own weights.
+  Attention heads are column-split (q/k/v rows; GQA KV heads split with their query groups), o_proj
+  row-split; gate/up column-split, down row-split: one all-reduce after attention, one after the
+  MLP (Shoeybi et al., "Megatron-LM", 2019, section 3). Embeddings, final norm and LM head are
+  replicated on every rank (simple, costs memory, no communication). HF's own rotary embedding and
+  RMSNorm modules are reused; the KV cache is a list of (K, V) tensors per layer.
+- `time_collective`: all-reduce / all-gather / reduce-scatter timed as nccl-tests does, with its
+  algbw and busbw (NVIDIA/nccl-tests doc/PERFORMANCE.md: algbw = S / t; busbw = algbw x 2(n-1)/n
+  for all-reduce, x (n-1)/n for all-gather and reduce-scatter, S the whole array's bytes).
+- `launch`: starts `nproc` ranks with torch.multiprocessing's spawn context (MASTER_ADDR 127.0.0.1,
+  a free port), gathers rank 0's result through a queue, and watches every rank against a deadline:
+  a rank that dies or hangs is named in a MeasurementError (exit 3), and every rank is terminated
+  and reaped before it returns (no orphans). Under an outside `torchrun` the ranks already exist:
+  `in_torchrun()` tells, and the caller runs the worker in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from llmlab.core.errors import MeasurementError
+
+if TYPE_CHECKING:
+    import torch
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+LAST_PIDS: list[int] = []  # the pids of the ranks the last launch() started (tests check that none survives)
+_STAGES: dict = {}  # in a spawned rank: {"q": the parent's queue, "rank": r}; empty elsewhere (torchrun, tests)
+
+
+# ---------------------------------------------------------------- nccl-tests' bandwidths
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' correction from algbw to busbw: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def bandwidths(op: str, size_bytes: float, time_s: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s; size_bytes is S, the whole array (for all-gather: the gathered output)."""
+    alg = size_bytes / time_s / 1e9
+    return alg, alg * bus_factor(op, n)
+
+
+def divisible_sizes(heads: int, kv_heads: int, limit: int = 64) -> list[int]:
+    """TP degrees (>= 2) that divide both the query heads and the KV heads."""
+    return [t for t in range(2, limit + 1) if heads % t == 0 and kv_heads % t == 0]
+
+
+# ---------------------------------------------------------------- the sharded model
+
+
+class ShardedLlama:
+    """Rank `rank` of `world`'s share of an HF Llama-family causal LM (weights sliced, not copied into new modules)."""
+
+    def __init__(self, model, rank: int, world: int, group=None):
+        c = model.config
+        heads, kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        hd = getattr(c, "head_dim", None) or c.hidden_size // heads
+        if heads % world or kv % world or c.intermediate_size % world:
+            raise ValueError(f"TP {world} does not divide {heads} query heads, {kv} KV heads and {c.intermediate_size} "
+                             f"MLP columns: TP sizes that divide: {divisible_sizes(heads, kv)}")
+        self.rank, self.world, self.group = rank, world, group
+        self.hq, self.hkv, self.hd = heads // world, kv // world, hd
+        self.groups = heads // kv  # query heads per KV head (GQA); a rank holds whole groups
+        q_sl = slice(rank * self.hq * hd, (rank + 1) * self.hq * hd)
+        kv_sl = slice(rank * self.hkv * hd, (rank + 1) * self.hkv * hd)
+        i_sl = slice(rank * c.intermediate_size // world, (rank + 1) * c.intermediate_size // world)
+        self.layers = []
+        for layer in model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            bias = lambda lin, sl: None if lin.bias is None else lin.bias[sl]  # noqa: E731
+            self.layers.append(dict(
+                ln1=layer.input_layernorm, ln2=layer.post_attention_layernorm,
+                wq=a.q_proj.weight[q_sl], bq=bias(a.q_proj, q_sl),  # column-split: (hq*D, H)
+                wk=a.k_proj.weight[kv_sl], bk=bias(a.k_proj, kv_sl),  # (hkv*D, H)
+                wv=a.v_proj.weight[kv_sl], bv=bias(a.v_proj, kv_sl),
+                wo=a.o_proj.weight[:, q_sl], bo=a.o_proj.bias,  # row-split: (H, hq*D); bias added once, after the reduce
+                wg=m.gate_proj.weight[i_sl], wu=m.up_proj.weight[i_sl],  # column-split: (I/n, H)
+                wd=m.down_proj.weight[:, i_sl],  # row-split: (H, I/n)
+            ))
+        self.embed, self.norm, self.lm_head = model.model.embed_tokens, model.model.norm, model.lm_head  # replicated
+        self.rotary = model.model.rotary_emb
+        self.comm_s = 0.0  # seconds spent inside all-reduce since the last reset
+        self.comm_calls = 0
+        self.sync = model.device.type == "cuda"
+
+    def _all_reduce(self, x: torch.Tensor) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self.world == 1:
+            return
+        if self.sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=self.group)
+        if self.sync:
+            torch.cuda.synchronize()
+        self.comm_s += time.perf_counter() - t0
+        self.comm_calls += 1
+
+    def new_cache(self) -> list:
+        return [None] * len(self.layers)
+
+    def forward(self, ids: torch.Tensor, cache: list) -> torch.Tensor:
+        """Logits of every position of `ids` (B, T), appending to `cache`; a prefill starts from an empty cache."""
+        import torch
+        import torch.nn.functional as F
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        B, T = ids.shape
+        past = 0 if cache[0] is None else cache[0][0].shape[2]
+        if T > 1 and past:
+            raise ValueError("a multi-token step needs an empty cache (prefill), then one token per step")
+        x = self.embed(ids)  # (B, T, H)
+        pos = torch.arange(past, past + T, device=ids.device)[None].expand(B, -1)  # (B, T)
+        cos, sin = self.rotary(x, pos)
+        for i, w in enumerate(self.layers):
+            h = w["ln1"](x)
+            q = F.linear(h, w["wq"], w["bq"]).view(B, T, self.hq, self.hd).transpose(1, 2)  # (B, hq, T, D)
+            k = F.linear(h, w["wk"], w["bk"]).view(B, T, self.hkv, self.hd).transpose(1, 2)  # (B, hkv, T, D)
+            v = F.linear(h, w["wv"], w["bv"]).view(B, T, self.hkv, self.hd).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            if cache[i] is not None:
+                k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)  # (B, hkv, past+T, D)
+            cache[i] = (k, v)
+            kr, vr = k.repeat_interleave(self.groups, 1), v.repeat_interleave(self.groups, 1)  # (B, hq, past+T, D)
+            att = F.scaled_dot_product_attention(q, kr, vr, is_causal=T > 1)  # (B, hq, T, D)
+            o = F.linear(att.transpose(1, 2).reshape(B, T, self.hq * self.hd), w["wo"])  # (B, T, H): a partial sum
+            self._all_reduce(o)
+            x = x + (o if w["bo"] is None else o + w["bo"])
+            h = w["ln2"](x)
+            y = F.linear(F.silu(F.linear(h, w["wg"])) * F.linear(h, w["wu"]), w["wd"])  # (B, T, H): a partial sum
+            self._all_reduce(y)
+            x = x + y
+        return self.lm_head(self.norm(x))  # (B, T, V)
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def time_collective(op: str, size_bytes: int, device, warmup: int, iters: int, dtype=None) -> float:
+    """Mean seconds of one `op` on an array of size_bytes (S, nccl-tests' size), the slowest rank's mean.
+
+    nccl-tests times `iters` back-to-back operations after `warmup` and reports their mean; here each
+    rank times its own loop and the max over ranks is kept (the operation ends when the last rank does).
+    """
+    import torch
+    import torch.distributed as dist
+
+    dtype = dtype or torch.float32
+    n, elem = dist.get_world_size(), torch.empty((), dtype=dtype).element_size()
+    count = max(n, size_bytes // elem // n * n)  # whole elements, divisible by n
+    buf = torch.ones(count, dtype=dtype, device=device)  # (count,)
+    part = torch.empty(count // n, dtype=dtype, device=device)  # (count / n,)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the new name where torch has it
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if op == "all_reduce":
+        fn = lambda: dist.all_reduce(buf)  # noqa: E731
+    elif op == "all_gather":
+        fn = lambda: gather(buf, part)  # noqa: E731  (S = the gathered output)
+    else:
+        fn = lambda: scatter(part, buf)  # noqa: E731  (S = the whole input)
+    sync = torch.cuda.synchronize if buf.is_cuda else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+# ---------------------------------------------------------------- launching ranks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def in_torchrun() -> bool:
+    """True when an outside launcher (torchrun) already started this process as one rank."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def stage(name: str) -> None:
+    """A rank says which part it starts; at a timeout the parent names the rank that fell behind."""
+    if _STAGES:
+        _STAGES["q"].put(("stage", _STAGES["rank"], name))
+
+
+def _rank_main(rank: int, world: int, port: int, worker: Callable, args: tuple, q) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    _STAGES.update(q=q, rank=rank)
+    try:
+        out = worker(rank, world, *args)
+        if rank == 0:
+            q.put(("result", rank, out))
+        q.put(("done", rank, None))
+    except BaseException as exc:  # noqa: BLE001  (reported to the parent, then this rank exits non-zero)
+        q.put(("error", rank, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                              f" [{traceback.extract_tb(exc.__traceback__)[-1].name if exc.__traceback__ else ''}]"))
+        raise SystemExit(1) from None
+
+
+def _reap(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 3
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(2)
+
+
+def launch(worker: Callable, nproc: int, args: tuple = (), timeout_s: float = 120.0):
+    """Run worker(rank, world, *args) on `nproc` spawned ranks; rank 0's return value comes back.
+
+    Raises MeasurementError naming the rank that died (killed, crashed, or raised) or the ranks still
+    running at the deadline; every rank is terminated and joined first, so none is left behind.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, nproc, port, worker, args, q), daemon=True) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    LAST_PIDS[:] = [p.pid for p in procs]
+    result, done, errors, failure, stages = None, set(), {}, None, {r: ["start"] for r in range(nproc)}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(done) < nproc:
+            try:
+                kind, rank, payload = q.get(timeout=0.1)
+                if kind == "result":
+                    result = payload
+                elif kind == "stage":
+                    stages[rank].append(payload)
+                elif kind == "done":
+                    done.add(rank)
+                else:
+                    errors[rank] = payload
+            except queue_mod.Empty:
+                pass
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead or errors:
+                time.sleep(0.5)  # let the peers of a dead rank fail too, then blame the first cause
+                while True:
+                    try:
+                        kind, rank, payload = q.get_nowait()
+                        if kind == "error":
+                            errors[rank] = payload
+                    except queue_mod.Empty:
+                        break
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                silent = [r for r in dead if r not in errors]  # killed or crashed without a Python error: the cause
+                if silent:
+                    r = silent[0]
+                    code = procs[r].exitcode
+                    how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                    failure = f"rank {r} died ({how}); the other ranks were stopped"
+                else:
+                    r = min(errors)
+                    failure = f"rank {r} failed: {errors[r]}"
+                break
+            if time.monotonic() > deadline:
+                hung = [r for r in range(nproc) if r not in done]
+                depth = {r: len(stages[r]) for r in hung}
+                behind = [r for r in hung if depth[r] == min(depth.values())]
+                if len(behind) < len(hung):  # one rank fell behind: the others wait for it in a collective
+                    failure = "; ".join(f"rank {r} hung in '{stages[r][-1]}'" for r in behind) + (
+                        f" (the other ranks wait for it in a collective) after --timeout-s {timeout_s:g} s; all ranks were stopped")
+                else:
+                    failure = (f"rank(s) {', '.join(map(str, hung))} still running after --timeout-s {timeout_s:g} s "
+                               f"(last in '{stages[hung[0]][-1]}'); all ranks were stopped")
+                break
+    finally:
+        _reap(procs)
+        q.close()
+        q.join_thread()
+    if failure:
+        raise MeasurementError(failure)
+    return result
