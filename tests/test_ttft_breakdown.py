@@ -425,7 +425,7 @@ def test_cli_end_to_end_quick(quick):
     assert cold.loc["import_torch", "median_ms"] > 100  # importing torch takes a while on any machine
     sc = res.tables["scenarios"].set_index("scenario")
     assert sc.loc["chat, cold start", "cold_start_ms"] > cold.loc["import_torch", "median_ms"]
-    assert list(sc["bar"]) == ["chat", "RAG", "256 tok", *[f"rho {r:.2f}" for r in q["rho"].dropna()], "burst 6", "cold"]
+    assert list(sc["bar"]) == ["chat", "RAG", f"{lab.Config.quick().prompt_len} tok", *[f"rho {r:.2f}" for r in q["rho"].dropna()], "burst 6", "cold"]
 
 
 def test_quick_report_fits_80_columns_and_120_lines(quick):

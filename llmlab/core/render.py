@@ -332,8 +332,8 @@ def report_lines(result: LabResult, width: int, *, views: list[View] | None = No
     lines.append(Text(""))
     if saved is not None:
         n = len(result.tables)
-        lines += _wrap(f"Full tables: {saved} and {n} CSV{'s' if n != 1 else ''} beside it. "
-                       f"Every table here: llmlab show {saved} --tables all", width, style="dim")
+        lines += _wrap(f"Saved {saved} and {n} CSV{'s' if n != 1 else ''} beside it; `llmlab show` it with "
+                       "--tables all for every table.", width, style="dim")
     elif tables != "all":
         lines += _wrap("Not saved (--no-save). Every table here: rerun with --tables all", width, style="dim")
     return lines if color else [Text(ascii_line(line.plain)) for line in lines]
