@@ -250,3 +250,30 @@ def test_ctrl_c_shuts_down_cleanly(server):
     base, proc = server
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
+
+
+def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
+    """Issue 14: `llmlab serving --endpoint` measures a real server with the same metric definitions as the
+    in-process engine: both turn their stamps into RequestRecords and go through one calculate_metrics."""
+    import random
+
+    from llmlab.core.models import load
+    from llmlab.core.results import LabResult
+    from llmlab.labs import serving as S
+    from llmlab.serving.engine import Engine, EngineConfig
+    from llmlab.serving.scheduler import RequestParams
+
+    base, _ = server
+    cfg = S.Config(concurrencies=(1, 2), max_concurrency=2, requests_per_level=1, prompt_len=8, output_len=6, endpoint=base)
+    res = LabResult.new(S.LAB, S.VERSION, cfg)
+    S.part_endpoint(res, cfg, 4096, random.Random(0))
+    ep = res.tables["concurrency"].set_index("concurrency")
+    assert list(ep.index) == [1, 2] and (ep.error_rate == 0).all()
+    assert (ep.p50_ttft_ms > 0).all() and (ep.p50_itl_ms > 0).all() and (ep.output_tokens_per_s > 0).all()
+    eng = Engine(load("tiny", "cpu").model, EngineConfig(num_blocks=64))
+    seq = eng.generate([[5, 6, 7, 8]], RequestParams(max_tokens=4, ignore_eos=True))[0]
+    rec = S.records([seq])[0]
+    assert rec.ttft_s == pytest.approx((seq.token_ns[0] - seq.arrival_ns) / 1e9)  # TTFT: first token - arrival/send
+    assert rec.itl_s == pytest.approx([(b - a) / 1e9 for a, b in zip(seq.token_ns, seq.token_ns[1:])])  # noqa: B905
+    m = calculate_metrics([rec], 1.0)
+    assert m.completed == 1 and m.total_output_tokens == 4 and set(vars(m)) >= {"p50_ttft_ms", "p99_itl_ms", "p50_tpot_ms"}
