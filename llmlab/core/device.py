@@ -208,6 +208,19 @@ def cpu_load() -> tuple[float | None, int]:
     return load, cpu_cores()["logical"]
 
 
+def threads_for(requested: int, note=None) -> int | None:
+    """torch CPU threads for a lab: `requested` when given; 1 when the CPU is oversubscribed (OpenMP
+    threads would wait for descheduled peers; `note` is told why); else None (torch's default)."""
+    if requested:
+        return requested
+    load, cores = cpu_load()
+    if load is not None and load >= cores:
+        if note:
+            note(f"the CPU is oversubscribed (load {load:.1f} on {cores} CPUs): torch runs on 1 thread")
+        return 1
+    return None
+
+
 # ---------------------------------------------------------------- the CPU card
 
 

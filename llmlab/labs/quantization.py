@@ -30,7 +30,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from llmlab.core.device import Device, torch_threads
+from llmlab.core.device import Device, threads_for, torch_threads
 from llmlab.core.errors import UsageError
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
 from llmlab.core.stats import summary
@@ -132,18 +132,6 @@ def _check_groups(model, formats) -> None:
                              f"this model; use a divisor of {math.gcd(*[p.shape[1] for _, p in quant.quantizable(model)])}")
 
 
-def _threads(cfg: Config, res: LabResult) -> int | None:
-    from llmlab.core.device import cpu_load
-
-    if cfg.threads:
-        return cfg.threads
-    load, cores = cpu_load()
-    if load is not None and load >= cores:
-        res.note(f"the CPU is oversubscribed (load {load:.1f} on {cores} CPUs): torch runs on 1 thread")
-        return 1
-    return None
-
-
 def _heldout(tokenizer):
     from llmlab.tiny.card import heldout_ids
 
@@ -164,7 +152,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     lm = load("tiny", device)
     _check_groups(lm.model, wfmts)
     arch_fmts = ["fp32"] + [f for f in cfg.arch_weights if f != "fp32"]
-    with torch_threads(None if device.is_cuda else _threads(cfg, res)), res.guard():
+    with torch_threads(None if device.is_cuda else threads_for(cfg.threads, res.note)), res.guard():
         res.env["torch_threads"] = torch.get_num_threads()
         ids = _heldout(lm.tokenizer).to(device.torch)
         res.add_table("weights", part_weights(lm.model, lm.tokenizer, ids, wfmts, cfg))

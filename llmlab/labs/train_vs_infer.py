@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmlab.core.device import Device, torch_threads
+from llmlab.core.device import Device, threads_for, torch_threads
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
 from llmlab.core.stats import summary
 from llmlab.core.timing import interleaved
@@ -125,7 +125,7 @@ def _tensor_bytes(tensors) -> int:
 def run(cfg: Config, device: Device, progress=None) -> LabResult:
     """Measures. Fills tables; never prints, never judges."""
     res = LabResult.new(LAB, VERSION, cfg)
-    with torch_threads(None if device.is_cuda else _threads(cfg, res)), res.guard():
+    with torch_threads(None if device.is_cuda else threads_for(cfg.threads, res.note)), res.guard():
         res.env["torch_threads"] = torch.get_num_threads()
         steps, memory = [], []
         for ref in cfg.models:
@@ -146,19 +146,6 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         res.note("arch: models have random weights and a cut layer count: their rows are timings and byte counts, "
                  "not quality")
     return res
-
-
-def _threads(cfg: Config, res: LabResult) -> int | None:
-    """cfg.threads, or 1 when the CPU is oversubscribed (OpenMP threads would wait for descheduled peers)."""
-    from llmlab.core.device import cpu_load
-
-    if cfg.threads:
-        return cfg.threads
-    load, cores = cpu_load()
-    if load is not None and load >= cores:
-        res.note(f"the CPU is oversubscribed (load {load:.1f} on {cores} CPUs): torch runs on 1 thread")
-        return 1
-    return None
 
 
 def _batch(model, cfg: Config, device: Device) -> torch.Tensor:
