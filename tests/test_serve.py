@@ -246,12 +246,6 @@ def test_a_port_in_use_exits_2_with_one_line(server):
     assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_ctrl_c_shuts_down_cleanly(server):
-    base, proc = server
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 0
-
-
 def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
     """Issue 14: `llmlab serving --endpoint` measures a real server with the same metric definitions as the
     in-process engine: both turn their stamps into RequestRecords and go through one calculate_metrics."""
@@ -277,3 +271,9 @@ def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
     assert rec.itl_s == pytest.approx([(b - a) / 1e9 for a, b in zip(seq.token_ns, seq.token_ns[1:])])  # noqa: B905
     m = calculate_metrics([rec], 1.0)
     assert m.completed == 1 and m.total_output_tokens == 4 and set(vars(m)) >= {"p50_ttft_ms", "p99_itl_ms", "p50_tpot_ms"}
+
+
+def test_ctrl_c_shuts_down_cleanly(server):  # last: it stops the module's server
+    base, proc = server
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
