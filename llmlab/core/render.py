@@ -324,9 +324,6 @@ def report_lines(result: LabResult, width: int, *, views: list[View] | None = No
         for name, df in result.tables.items():
             lines.append(Text(""))
             lines += full_table_lines(name, df, width)
-        for ch in result.charts:  # legacy: charts of a lab not yet on views
-            lines.append(Text(""))
-            lines += [Text.from_ansi(line) for line in chart_text(result, ch, min(width, MAX_CHART_WIDTH), color=color).splitlines()]
     if result.interrupted:
         lines += [Text(""), Text("interrupted: partial results", style="yellow")]
     lines.append(Text(""))

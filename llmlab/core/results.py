@@ -120,7 +120,6 @@ class LabResult:
     skipped: dict[str, str] = field(default_factory=dict)  # table name -> why it was not measured ("no GPU")
     judge_version: int = 0  # the judge() that made `claims`
     interrupted: bool = False
-    charts: list[Chart] = field(default_factory=list)  # legacy (labs not yet on views); not saved
 
     @classmethod
     def new(cls, lab: str, version: int, cfg: Any) -> LabResult:
@@ -132,12 +131,6 @@ class LabResult:
         df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
         self.tables[name] = df
         return df
-
-    def claim(self, text: str, expected: str, measured: str, holds: bool | None, note: str = "") -> Claim:
-        """Legacy: a claim made inside run(), for labs not yet split into run() and judge()."""
-        c = Claim(f"{self.lab}.legacy_{len(self.claims)}", text, expected, measured, holds, note)
-        self.claims.append(c)
-        return c
 
     def note(self, text: str) -> None:
         self.notes.append(text)
