@@ -34,6 +34,7 @@ err = Console(stderr=True)  # stderr: progress, notices, errors
 LABS = "Labs"
 TOOLS = "Tools"
 COMMON = "Common options"
+ENDPOINT = "Against a running server"
 
 # -- options every lab takes (shared aliases, one help panel)
 DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="auto | cpu | cuda | cuda:N. auto takes cuda:0 when there is one.", rich_help_panel=COMMON)]
@@ -89,6 +90,8 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         cfg = dataclasses.replace(base, **given)
     except ValueError as exc:  # Config.__post_init__ validates
         raise UsageError(str(exc)) from None
+    if hasattr(module, "check"):  # what a lab checks before it starts (an endpoint that must answer): one line, exit 2
+        module.check(cfg)
     _seed(common.seed)
     if common.device in ("auto", "") and common.gpu is None:
         err.print(f"[dim]device: {device.spec} ({device.name}){'' if device.is_cuda else ' — no CUDA GPU found, using the CPU'}[/]")
@@ -124,6 +127,10 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         err.print(f"[dim]saved {path}[/]")
     if result.interrupted:
         raise typer.Exit(130)
+    failed = module.exit_code(result) if hasattr(module, "exit_code") else None  # a lab may say the run failed (after saving)
+    if failed:
+        err.print(f"[red]{failed[1]}[/]")
+        raise typer.Exit(failed[0])
 
 
 def _seed(seed: int) -> None:
@@ -458,6 +465,11 @@ def samplers(
             top_k=top_k, top_p=top_p, min_p=min_p, samples=samples, max_new_tokens=max_new_tokens)
 
 
+from llmlab.labs.ttft_breakdown import Config as _TTFT  # noqa: E402 (help defaults come from the lab's Config)
+
+_TD, _TQ = _TTFT(), _TTFT.quick()
+
+
 def ttft_breakdown(
     prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="Longest prompt of the sweep, in tokens (> 0; the sweep runs 16..this; beyond the model's context it is clamped with a notice). Default 4096.", show_default=False)] = None,
     model: ModelOpt = "tiny",
@@ -468,16 +480,28 @@ def ttft_breakdown(
     new_tokens: Annotated[Optional[int], typer.Option(help="Tokens streamed per request (>= 2). Default 16 (8 with --quick).", show_default=False)] = None,
     cold_starts: Annotated[Optional[int], typer.Option(help="Cold starts in fresh processes (0 = skip). Default 3 (1 with --quick).", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads. Default: torch's, or 1 when the CPU is oversubscribed (load average >= cores).", show_default=False)] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Measure a running OpenAI-compatible server (http://host:port: vLLM, SGLang, TGI, llama.cpp, llmlab serve) instead of the in-process worker: its TTFT split into client + network, server queue, prefill and first decode where it reports them, its prefill rate, its prefix cache, and latency under load.", rich_help_panel=ENDPOINT, show_default=False)] = None,
+    concurrency: Annotated[Optional[int], typer.Option(help=f"With --endpoint: requests in flight at most during the load part (>= 1). Default {_TD.concurrency} ({_TQ.concurrency} with --quick).", rich_help_panel=ENDPOINT, show_default=False)] = None,
+    request_rate: Annotated[Optional[float], typer.Option("--request-rate", help="With --endpoint: arrivals per second of the load part (> 0). Default: no limit (concurrency alone).", rich_help_panel=ENDPOINT, show_default=False)] = None,
+    burstiness: Annotated[Optional[float], typer.Option(help="With --request-rate: gamma shape of the gaps (> 0): 1 = Poisson, < 1 burstier, > 1 more even. Default 1.", rich_help_panel=ENDPOINT, show_default=False)] = None,
+    num_requests: Annotated[Optional[int], typer.Option("--num-requests", help=f"With --endpoint: requests of the load part (0 = skip). Default {_TD.load_requests} ({_TQ.load_requests} with --quick).", rich_help_panel=ENDPOINT, show_default=False)] = None,
+    request_timeout: Annotated[Optional[float], typer.Option("--request-timeout", help=f"With --endpoint: seconds before a request counts as failed (> 0). Default {_TD.request_timeout:g}.", rich_help_panel=ENDPOINT, show_default=False)] = None,
+    api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="With --endpoint: the NAME of the environment variable holding the API key (the key itself is never written anywhere). Default OPENAI_API_KEY.", rich_help_panel=ENDPOINT, show_default=False)] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="With --endpoint: a tokenizer (tiny | a Hugging Face id or path) to count output tokens when the server sends no usage.", rich_help_panel=ENDPOINT, show_default=False)] = None,
     device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
     out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
 ) -> None:
     """Where time to first token goes: queueing, cold start, prompt length (prefill), RAG. Also: llmlab ttft.
 
     Two chatbots can take the same 4 s per answer and one feels snappy: its first word arrives in 200 ms. TTFT hides four layers. This lab serves streaming requests with one real worker and stamps every phase (template + tokenize, queue wait, prefill forward, first sample + detokenize, then each decode step), checks that the phases add up to the TTFT the client measured and reports the harness's own remainder; starts the model in a fresh process (interpreter, imports, weights, device, first forward) against the same request warm; sweeps the prompt from 16 tokens to --prompt-len and fits a + bT + cT^2 (where attention's T^2 takes over); sends Poisson arrivals at rising utilisation and a burst to one first-come-first-served worker and sets the queue waits (p50/p90/p99) beside M/D/1; and adds a real BM25 retrieval over the built-in corpus (RAG) next to the plain chat. Metrics follow vLLM's benchmark (TTFT, TPOT = (E2E - TTFT)/(n - 1), ITL, E2E), with how GenAI-Perf, llmperf and guidellm define theirs; the diagnosis names the layer that dominates this run.
+
+    With --endpoint URL the same questions go to a running server, from the outside: every streamed chunk is stamped (vLLM bench serve's definitions), prompts have an exact token count through the server's /tokenize (else calibrated from usage), and the server's own phases are joined per request from its `timings` (llmlab serve, llama.cpp) or from vLLM-style /metrics histograms. Parts: one request alone as a waterfall; a prompt-length sweep with TTFT = a + bT (the prefill rate); a prefix probe (one long prefix twice; the drop is the prefix cache, checked against cache_n or the prefix-cache counters); and a load run (--concurrency, --request-rate, --burstiness; warm-up excluded) with p50/p90/p99 TTFT, TPOT, ITL, E2EL. --model names the served model (default: the server's first). Failed requests are kept with their error; if every request fails the run exits 3. Example: llmlab serve & llmlab ttft --endpoint http://127.0.0.1:8000 --quick
     """
     run_lab("ttft-breakdown", Common(device, gpu, quick, json_, out, no_save, seed, tables), prompt_len=prompt_len, model=model,
             rates=tuple(rate) if rate else None, utilizations=tuple(utilization) if utilization else None,
-            requests_per_rate=requests, burst=burst, new_tokens=new_tokens, cold_starts=cold_starts, threads=threads)
+            requests_per_rate=requests, burst=burst, new_tokens=new_tokens, cold_starts=cold_starts, threads=threads,
+            endpoint=endpoint, concurrency=concurrency, request_rate=request_rate, burstiness=burstiness, load_requests=num_requests,
+            request_timeout=request_timeout, api_key_env=api_key_env, tokenizer=tokenizer)
 
 
 app.command("ttft-breakdown", rich_help_panel=LABS)(ttft_breakdown)
@@ -604,15 +628,10 @@ def serving(
 
     One request at a time leaves a GPU mostly idle; batching is the lever, and the KV cache, not the weights, limits how many conversations fit. This lab measures each on llmlab's paged, continuously batching engine (checked exact against HF first): tokens/s and TTFT/ITL/TPOT (vLLM's definitions) vs concurrency with the step-time knee and the compute and bandwidth utilisation at 1 client; static vs continuous batching under Poisson arrivals with mixed reply lengths; peak concurrent conversations in a fixed KV pool against blocks / blocks per conversation; a shared system prompt with the prefix cache off and on; the ITL of running decodes while a long prompt is prefilled whole or in chunks; and $ per 1M tokens from the measured throughput. With --endpoint the client-side parts run against any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp, llmlab serve).
     """
-    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise UsageError(f"--endpoint {endpoint!r}: give an http(s) URL, e.g. http://127.0.0.1:8000")
     if endpoint is not None:
-        import urllib.request
+        from llmlab.serving.probe import check_reachable
 
-        try:
-            urllib.request.urlopen(endpoint.rstrip("/") + "/v1/models", timeout=5)
-        except Exception as exc:  # noqa: BLE001  (any failure to reach it is the same bad input)
-            raise UsageError(f"--endpoint {endpoint}: not reachable ({exc})") from None
+        check_reachable(endpoint)
     run_lab("serving", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, endpoint=endpoint,
             max_concurrency=max_concurrency, kv_blocks=kv_blocks, price_per_hour=price_per_hour)
 

@@ -9,52 +9,25 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from conftest import ROOT, start_serve, stop_serve
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmlab.serving.client import RequestRecord, calculate_metrics, run_load, stream_completion
 
-ROOT = Path(__file__).resolve().parents[1]
 KV_BLOCKS = 64  # a 1024-token context: small enough to send a prompt past it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "llmlab", "serve", "--model", "tiny", "--device", "cpu", "--port", str(port),
-           "--max-num-seqs", "8", "--kv-blocks", str(KV_BLOCKS)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail("server exited: " + proc.stdout.read())
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("server did not come up")
+    base, proc = start_serve("--max-num-seqs", "8", "--kv-blocks", str(KV_BLOCKS))
     yield base, proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    stop_serve(proc)
 
 
 def post(base, path, body, **kw):

@@ -42,10 +42,11 @@ from llmlab.core.results import Chart, Claim, Col, LabResult, View
 from llmlab.core.timing import summarize
 from llmlab.inference import serving
 from llmlab.inference.serving import PHASES, Request, Trace
+from llmlab.labs import _ttft_endpoint
 
 LAB = "ttft-breakdown"
 VERSION = 2  # 2: the attribution check, the matmul rate per prompt length, one row per request
-JUDGE_VERSION = 1
+JUDGE_VERSION = 1  # --endpoint runs are told apart by config.endpoint (their own tables and claims)
 
 # The chat questions every scenario asks (cycled), so chat, RAG and the queue serve the same work.
 QUESTIONS = (
@@ -88,8 +89,29 @@ class Config:
     cold_starts: int = 3  # fresh-process cold starts, each several seconds (0 = skip)
     threads: int = 0  # torch CPU threads; 0 = auto: torch's default, or 1 when the CPU is oversubscribed
     seed: int = 0  # arrival schedules and the M/D/1 simulation
+    # --endpoint URL: measure a running OpenAI-compatible server instead (labs/_ttft_endpoint.py)
+    endpoint: str | None = None
+    concurrency: int = 8  # requests in flight at most during the load part
+    request_rate: float = math.inf  # arrivals per second of the load part (inf: as fast as concurrency allows)
+    burstiness: float = 1.0  # gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 more even
+    load_requests: int = 32  # requests of the load part (0 = skip)
+    warmup: int = 2  # requests sent first and left out of every table
+    prefix_probes: int = 3  # pairs of requests sharing one long prefix
+    request_timeout: float = 60.0  # seconds before a request counts as failed
+    api_key_env: str = "OPENAI_API_KEY"  # the NAME of the variable holding the key (the key is never saved)
+    tokenizer: str | None = None  # counts output tokens when the server sends no usage
 
     def __post_init__(self):
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"--endpoint {self.endpoint!r}: give an http(s) URL, e.g. http://127.0.0.1:8000")
+        if self.concurrency < 1:
+            raise ValueError(f"--concurrency must be at least 1 request in flight, got {self.concurrency}")
+        if not self.request_rate > 0:
+            raise ValueError(f"--request-rate must be > 0 requests/s (leave it out for no limit), got {self.request_rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"--burstiness must be > 0 (1 = Poisson), got {self.burstiness}")
+        if not self.request_timeout > 0:
+            raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout}")
         if self.prompt_len < 1:
             raise ValueError(f"--prompt-len must be a positive number of tokens, got {self.prompt_len}")
         bad = [r for r in self.rates if not r > 0]
@@ -106,7 +128,8 @@ class Config:
             raise ValueError("give at least one arrival rate or utilisation")
         for name, lo in (("new_tokens", 2), ("threads", 0), ("requests_per_rate", 2), ("sweep_points", 1),
                          ("sweep_repeats", 1), ("chat_repeats", 1), ("rag_top_k", 1), ("rag_context_tokens", 16),
-                         ("burst", 0), ("cold_starts", 0), ("attribution_repeats", 1)):
+                         ("burst", 0), ("cold_starts", 0), ("attribution_repeats", 1), ("load_requests", 0), ("warmup", 0),
+                         ("prefix_probes", 0)):
             if getattr(self, name) < lo:
                 raise ValueError(f"{name} must be at least {lo}, got {getattr(self, name)}")
 
@@ -115,7 +138,7 @@ class Config:
         # 1,024 tokens: 16x less prefill than 4,096, still long enough that compute dominates (the napkin claim)
         return cls(prompt_len=1024, sweep_points=4, sweep_repeats=2, sweep_max_s=1.5, chat_repeats=3, new_tokens=8, utilizations=(0.3, 0.95),
                    requests_per_rate=16, burst=6, rag_top_k=4, rag_context_tokens=512, cold_starts=1,
-                   attribution_repeats=4)
+                   attribution_repeats=4, concurrency=4, load_requests=12, prefix_probes=2)
 
 
 # ---------------------------------------------------------------- setup
@@ -466,6 +489,9 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     """Measures. Fills tables, env, notes, skipped. Never prints, never judges."""
     res = LabResult.new(LAB, VERSION, cfg)
     with res.guard():
+        if cfg.endpoint:  # a running server: the client's stamps joined to the server's own phases
+            _ttft_endpoint.run_parts(cfg, res, progress)
+            return res
         ctx = _setup(cfg, device, res)
         ctx.threads = _threads(cfg, device, res)
         if ctx.threads:
@@ -583,6 +609,8 @@ def _short(groups) -> list[str]:
 
 
 def judge(result: LabResult) -> list[Claim]:
+    if result.config.get("endpoint"):
+        return _ttft_endpoint.judge(result)
     t = result.tables
     claims = [_harness(t.get("requests")), _attribution(t.get("attribution")), _napkin(t.get("prompt_sweep")),
               _queue_knee(t.get("queueing")), _worker(t.get("queueing")), _cold(t.get("cold_start"), result.skipped),
@@ -697,7 +725,22 @@ def _rag(ph: pd.DataFrame | None) -> Claim:
 # ---------------------------------------------------------------- the report
 
 
+def check(cfg: Config) -> None:
+    """Before the run starts: an endpoint must answer, speak OpenAI's API and stream (else one line, exit 2)."""
+    if cfg.endpoint:
+        from llmlab.serving.probe import discover
+
+        discover(cfg.endpoint, cfg.model, cfg.api_key_env)
+
+
+def exit_code(result: LabResult) -> tuple[int, str] | None:
+    return _ttft_endpoint.exit_code(result) if result.config.get("endpoint") else None
+
+
 def views(result: LabResult) -> list[View]:
+    if result.config.get("endpoint"):
+        return _ttft_endpoint.views(result)
+
     def by_rho(df):
         return df.sort_values("rho", na_position="last")
 
@@ -757,6 +800,8 @@ def layers(result: LabResult) -> dict[str, float]:
 
 def headline(result: LabResult, claims: list[Claim]) -> str:
     """The article's flowchart with this run's numbers: which layer dominates TTFT here."""
+    if result.config.get("endpoint"):
+        return _ttft_endpoint.headline(result, claims)
     if _empty(result.tables.get("scenarios")):
         return ""
     lay = layers(result)

@@ -30,6 +30,7 @@ only ever put in the Authorization header: never in a record, an error or a log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -128,7 +129,7 @@ async def stream_completion(client, url: str, payload: dict, index: int = 0, hea
         await asyncio.wait_for(go(), timeout_s)
         if rec.error is None and not done:
             rec.error = "the stream ended without data: [DONE]"
-    except asyncio.TimeoutError:
+    except (asyncio.TimeoutError, httpx.TimeoutException):
         rec.error = f"timeout after {timeout_s:g} s"
     except (httpx.HTTPError, json.JSONDecodeError, OSError) as exc:
         rec.error = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -162,8 +163,10 @@ class LoadRun:
 
 async def run_load(url: str, payloads: list[dict], *, concurrency: int | None = None, request_rate: float = math.inf,
                    burstiness: float = 1.0, warmup: int = 0, timeout_s: float = 60.0, api_key_env: str | None = "OPENAI_API_KEY",
-                   count_tokens: Callable[[str], int] | None = None, seed: int = 0) -> LoadRun:
-    """Send `warmup` requests one by one (excluded), then every payload at `request_rate` with at most `concurrency` in flight."""
+                   count_tokens: Callable[[str], int] | None = None, seed: int = 0, sink: list | None = None) -> LoadRun:
+    """Send `warmup` requests one by one (excluded), then every payload at `request_rate` with at most `concurrency` in flight.
+
+    `sink`, when given, gets every record as it completes: what a Ctrl-C (which cancels this coroutine) leaves measured."""
     import httpx
 
     if concurrency is not None and concurrency < 1:
@@ -171,15 +174,18 @@ async def run_load(url: str, payloads: list[dict], *, concurrency: int | None = 
     headers = api_headers(api_key_env)
     limits = httpx.Limits(max_connections=max(concurrency or len(payloads), 1) + 1, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
-        records = [await stream_completion(client, url, payloads[i % len(payloads)], i, headers, timeout_s, count_tokens, True)
-                   for i in range(warmup)]
+        sink = [] if sink is None else sink
+        records = []
+        for i in range(warmup):
+            records.append(await stream_completion(client, url, payloads[i % len(payloads)], i, headers, timeout_s, count_tokens, True))
+            sink.append(records[-1])
         sem = asyncio.Semaphore(concurrency) if concurrency else None
 
         async def one(i: int, payload: dict) -> RequestRecord:
-            if sem is None:
-                return await stream_completion(client, url, payload, i, headers, timeout_s, count_tokens)
-            async with sem:
-                return await stream_completion(client, url, payload, i, headers, timeout_s, count_tokens)
+            async with sem or contextlib.nullcontext():
+                rec = await stream_completion(client, url, payload, i, headers, timeout_s, count_tokens)
+            sink.append(rec)
+            return rec
 
         tasks = []
         t0 = time.perf_counter()

@@ -7,7 +7,8 @@ buckets) -> `create_app` (routes) -> `serve` (load, check exact, run uvicorn).
 Routes: POST /v1/completions, POST /v1/chat/completions (stream true/false; SSE chunks ending in
 `data: [DONE]`; stream_options.include_usage; max_tokens, temperature, top_p, top_k, min_p, seed,
 stop, and vLLM's ignore_eos), GET /v1/models, GET /health, GET /metrics, and GET /v1/engine/stats
-(llmlab's own: counters and the recent step records, what the tests and labs read).
+(llmlab's own: counters and the recent step records, what the tests and labs read), and vLLM's
+POST /tokenize and /detokenize (what the ttft lab's --endpoint uses for prompts of an exact length).
 
 One SSE chunk per generated token (so a client's chunk count equals the token count here; the
 usage block says so anyway). The final chunk (and a non-streamed response) carries `timings`
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import ClientDisconnect
 
 if TYPE_CHECKING:  # torch loads with the engine: `llmlab serve` checks its port before paying for that
     from llmlab.serving.engine import Engine
@@ -282,6 +284,20 @@ class ChatRequest(CommonRequest):
     max_completion_tokens: int | None = None
 
 
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str
+    n: int = 1
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    tokens: list[int]
+    n: int = 1
+
+
 def render_messages(tokenizer, messages: list[dict]) -> str:
     """The tokenizer's chat template when it has one; else llmlab's plain one (ttft lab's render_chat)."""
     if getattr(tokenizer, "chat_template", None):
@@ -304,6 +320,7 @@ def create_app(engine: Engine, tokenizer, model_name: str):
 
     metrics = Metrics()
     aeng = AsyncEngine(engine, metrics)
+    tokenizer.model_max_length = 2**62  # /tokenize may count a text longer than the context; completions check it themselves
     eos_ids = engine.eos_ids
 
     @asynccontextmanager
@@ -325,6 +342,8 @@ def create_app(engine: Engine, tokenizer, model_name: str):
     async def parse(request, schema):
         try:
             body = json.loads(await request.body())
+        except ClientDisconnect:  # gone before its body arrived (a client timeout): nothing to serve, nothing to log
+            raise APIError(499, "client closed the request", type_="client_closed_request") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             fail(400, f"malformed JSON body: {exc}")
         if not isinstance(body, dict):
@@ -418,7 +437,10 @@ def create_app(engine: Engine, tokenizer, model_name: str):
         async def sse():
             done = False
             try:
-                pending = None  # hold one token back, so the last token's chunk carries finish_reason (no empty extra chunk)
+                # A token goes out as soon as it arrives, unless more is already queued behind it: then it waits
+                # for that, so the last token's chunk carries finish_reason (the engine sends a sequence's last
+                # token and its end together). Holding every token back one step would add a decode step to TTFT.
+                pending = None
                 first = True
                 async for piece, fin in tokens():
                     if fin is not None:
@@ -429,8 +451,12 @@ def create_app(engine: Engine, tokenizer, model_name: str):
                         break
                     if pending is not None:
                         yield chunk(pending, None, first)
+                        first, pending = False, None
+                    if h.events.empty():
+                        yield chunk(piece, None, first)
                         first = False
-                    pending = piece
+                    else:
+                        pending = piece
                 if include_usage:
                     yield chunk(None, None, usage=usage(), timings=timings(h.seq))
                 yield "data: [DONE]\n\n"
@@ -462,6 +488,21 @@ def create_app(engine: Engine, tokenizer, model_name: str):
             fail(400, "messages is empty", "messages")
         ids = tokenize(render_messages(tokenizer, [m.model_dump() for m in req.messages]))
         return await run(request, req, ids, make_params(req, len(ids), req.max_completion_tokens or req.max_tokens), arrival, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        """vLLM's shape: {"model"?, "prompt"} -> {"tokens", "count", "max_model_len"}; the ids a completion of that
+        prompt would see (this server adds no special tokens to completions, so neither does this)."""
+        req = await parse(request, TokenizeRequest)
+        ids = tokenize(req.prompt)
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        req = await parse(request, DetokenizeRequest)
+        if any(not 0 <= t < engine.model.config.vocab_size for t in req.tokens):
+            fail(400, "token ids out of the vocabulary", "tokens")
+        return {"prompt": tokenizer.decode(req.tokens)}
 
     @app.get("/v1/models")
     async def models():
