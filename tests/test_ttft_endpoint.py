@@ -148,7 +148,10 @@ def test_fit_and_judge_can_fail():
     import pandas as pd
 
     srows, fit = E.sweep_rows(pd.DataFrame(rows))
-    assert fit["tok_per_s"] == pytest.approx(2000) and fit["r2"] == pytest.approx(1.0) and fit["server_tok_per_s"] == pytest.approx(5000)
+    assert fit["tok_per_s"] == pytest.approx(2000) and fit["worst_rel_err"] < 1e-9 and fit["server_tok_per_s"] == pytest.approx(5000)
+    _, bent = E.sweep_rows(pd.DataFrame([{**r, "ttft_ms": 10 + 0.5 * r["prompt_tokens"] + 1e-3 * r["prompt_tokens"] ** 2} for r in rows]))
+    res.add_table("endpoint_fit", [bent])  # attention's T^2: a line no longer fits
+    assert {x.id: x.holds for x in E.judge(res)}["ttft_breakdown.endpoint_ttft_linear_in_prompt"] is False
     res.add_table("endpoint_fit", [fit])
     res.add_table("endpoint_requests", [{**r, "client_net_ms": r["ttft_ms"] - r["prefill_ms"]} for r in rows])
     res.add_table("prefix_probe", [{"prompt_tokens": 1000, "drop": 0.05, "second_cached": 0, "error": None}])
