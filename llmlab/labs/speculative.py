@@ -89,9 +89,9 @@ class Config:
     dist_samples: int = 600  # B = 1 runs (one seed each) per method of the distribution test
     dist_top_k: int = 3  # the distribution test's support per token: 3^4 = 81 cells at most
     cost_samples: int = 40  # alternating samples of each forward shape for c and the verify cost
-    lookup_max_ngram: int = 3  # prompt lookup: longest suffix n-gram matched (HF's default is 2)
+    lookup_max_ngram: int = 2  # prompt lookup: longest suffix n-gram matched (HF's default too); best of the bench sweep
     lookup_min_ngram: int = 1  # shortest: 1 lets a repeated token find its continuation
-    lookup_tokens: int = 10  # tokens drafted on a match (HF's prompt_lookup_num_tokens default)
+    lookup_tokens: int = 4  # tokens drafted on a match: the bench sweep's best on a 2-core CPU (HF defaults to 10)
     workload_prompts: int = 2  # stdlib functions per input-grounded workload (quote, edit)
     verify_ks: tuple[int, ...] = tuple(range(1, 17))  # verify-cost curve: a target forward over k tokens
     verify_samples: int = 9  # alternating samples of each k, per regime
