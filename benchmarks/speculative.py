@@ -21,7 +21,14 @@ Every output is first checked token for token against plain greedy (llm.c style:
 Starting benchmarks."). Rounds interleave the methods (core.timing.interleaved, order alternating);
 ratios are medians of per-round ratios.
 
-Options: --gammas, --new-tokens, --prompts, --rounds, --sweep-rounds, --threads (0 = torch's default), --device.
+Issue 19 adds prompt lookup (no draft model: the draft is what followed the last n tokens earlier in
+the context) on input-grounded workloads (llmlab.inference.workloads: stdlib source quoted again, a
+function to rewrite) and the open-ended held-out prompts as the control. Goals, greedy, same run:
+lookup >= 1.5x our plain loop on quote and edit; >= 1.1x HF `prompt_lookup_num_tokens` at each side's
+best settings (both swept on quote + edit, then re-measured); >= 0.95x plain on the control.
+
+Options: --gammas, --new-tokens, --prompts, --rounds, --sweep-rounds, --threads (0 = torch's default), --device,
+--lookup-prompts, --skip-draft (prompt lookup only).
 """
 
 from __future__ import annotations
@@ -35,12 +42,19 @@ from llmlab.core.device import resolve_device, torch_threads
 from llmlab.core.timing import interleaved
 from llmlab.inference import decode
 from llmlab.inference import speculative as S
+from llmlab.inference import workloads as W
 from llmlab.labs import speculative as lab
 
 GOALS = {"ours / plain (ours)": lab.GOAL_VS_PLAIN, "ours / HF assisted (best constant)": lab.GOAL_VS_HF_ASSISTED,
          "ours / HF assisted (best dynamic)": lab.GOAL_VS_HF_ASSISTED, "plain (ours) / HF generate": 1.0}
 DYNAMIC = {"HF defaults (20, adaptive confidence)": dict(gamma=None, schedule=None, confidence=None),
            "HF heuristic +2/-1 (from 4)": dict(gamma=4, schedule="heuristic", confidence=0.0)}
+
+
+OURS_LOOKUP = {f"ours n{a}-{b} k{k}": S.PromptLookup(max_ngram=b, min_ngram=a, num_draft=k)
+               for a, b, k in ((1, 3, 10), (1, 3, 6), (1, 2, 4), (2, 4, 8))}
+HF_LOOKUP = {f"HF n{n} k{k}": dict(prompt_lookup_num_tokens=k, max_matching_ngram_size=n)
+             for n, k in ((2, 10), (2, 4), (3, 6), (1, 4))}  # HF's defaults: 2-grams, 10 tokens
 
 
 def best_gammas(ratios: dict[str, dict[int, float]]) -> dict[str, int]:
@@ -62,13 +76,15 @@ def _methods(pair, n: int, gammas) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gammas", default="1,2,3,4,5,6,8")
+    ap.add_argument("--gammas", default="2,3,4,6")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sweep-rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=lab.Config.threads)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--lookup-prompts", type=int, default=2)
+    ap.add_argument("--skip-draft", action="store_true")
     args = ap.parse_args()
     device = resolve_device(args.device, None)
     gammas = [int(g) for g in args.gammas.split(",")]
@@ -77,6 +93,10 @@ def main() -> None:
     with torch_threads(None if device.is_cuda or not args.threads else args.threads):
         pair = lab.load_pair(cfg, device)
         n = args.new_tokens
+        lookup_bench(pair, cfg, n, args.lookup_prompts, args.rounds, args.sweep_rounds, device)
+        if args.skip_draft:
+            return
+        print()
         plain = {"plain (ours)": lambda: pair.run(lambda ids: decode.generate(pair.target, ids, n).tokens)}
         sweep = interleaved(plain | _methods(pair, n, gammas), args.sweep_rounds, device)
         ratios = {side: {g: median_ratio(sweep.seconds, "plain (ours)", f"{side} g={g}") for g in gammas}
@@ -115,6 +135,53 @@ def main() -> None:
         ok = "meets" if r.median >= GOALS[k] else "misses"
         print(f"  {k:36s} {r.median:.2f}x (p10 {r.p10:.2f}, p90 {r.p90:.2f})  goal >= {GOALS[k]}x: {ok}"
               + (f"  [{hf_d}]" if "dynamic" in k else ""))
+
+
+def lookup_bench(pair, cfg, n: int, n_prompts: int, rounds: int, sweep_rounds: int, device) -> None:
+    """Prompt lookup vs our plain loop vs HF prompt lookup, per workload; each side at its own best setting."""
+    enc = lambda t: pair.tokenizer(t, return_tensors="pt", add_special_tokens=False)["input_ids"]  # noqa: E731
+    sets = {k: [enc(t) for t in W.prompts(k, n_prompts)] for k in W.KINDS} | {"open (control)": pair.prompts}
+    plain = lambda ps: (lambda: [decode.generate(pair.target, ids, n).tokens for ids in ps])  # noqa: E731
+    ours = lambda ps, lk: (lambda: [S.lookup_generate(pair.target, ids, n, lk) for ids in ps])  # noqa: E731
+    hf = lambda ps, kw: (lambda: [decode.hf_generate(pair.target, ids, n, **kw) for ids in ps])  # noqa: E731
+    grounded = sets["quote"] + sets["edit"]
+    sweep = interleaved({"plain": plain(grounded)} | {k: ours(grounded, lk) for k, lk in OURS_LOOKUP.items()}
+                        | {k: hf(grounded, kw) for k, kw in HF_LOOKUP.items()}, sweep_rounds, device)
+    r = {k: median_ratio(sweep.seconds, "plain", k) for k in sweep.seconds if k != "plain"}
+    best_o, best_h = max(OURS_LOOKUP, key=r.get), max(HF_LOOKUP, key=r.get)
+    print("prompt lookup pre-sweep on quote + edit (x plain): " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
+    print(f"  -> ours best {best_o}, HF best {best_h}")
+    print(f"prompt lookup, greedy, {n} tokens per prompt, {rounds} interleaved rounds per workload:")
+    print(f"  {'workload':15s} {'prompts':>7s} {'alpha':>6s} {'tok/fwd':>7s} {'found':>6s} {'plain t/s':>9s} "
+          f"{'ours x':>7s} {'HF x':>6s} {'ours/HF':>7s}")
+    verdicts = []
+    for w, ps in sets.items():
+        out = interleaved({"plain": plain(ps), "ours": ours(ps, OURS_LOOKUP[best_o]), "HF": hf(ps, HF_LOOKUP[best_h])},
+                          rounds, device)
+        refs = out.outputs["plain"]
+        for k in ("ours", "HF"):
+            toks = [o.tokens if k == "ours" else o for o in out.outputs[k]]
+            rows = lab.identity_rows(f"{w} {k}", toks, refs, eos=None if k == "ours" else pair.eos)
+            if not all(x["identical"] for x in rows):
+                raise SystemExit(f"{w} {k}: output differs from plain greedy: {rows}")
+        stats = S.SpecStats()
+        for o in out.outputs["ours"]:
+            stats.merge(o.stats)
+        m = S.acceptance_metrics(stats)
+        found = sum(g > 0 for g in stats.drafted) / len(stats.drafted)
+        x_o, x_h = median_ratio(out.seconds, "plain", "ours"), median_ratio(out.seconds, "plain", "HF")
+        vs = median_ratio(out.seconds, "HF", "ours")
+        tps = st.summary(n * len(ps) / s for s in out.seconds["plain"]).median
+        print(f"  {w:15s} {len(ps):7d} {m['alpha']:6.2f} {m['tokens_per_target_forward']:7.2f} {found:6.0%} {tps:9.1f} "
+              f"{x_o:6.2f}x {x_h:5.2f}x {vs:6.2f}x")
+        if w == "open (control)":
+            verdicts.append((f"lookup / plain, {w}", x_o, lab.GOAL_LOOKUP_CONTROL))
+        else:
+            verdicts.append((f"lookup / plain, {w}", x_o, lab.GOAL_LOOKUP_GROUNDED))
+            verdicts.append((f"lookup / HF prompt lookup, {w}", vs, lab.GOAL_LOOKUP_VS_HF))
+    print("All prompt-lookup outputs (ours, HF) match plain greedy token for token.")
+    for name, x, goal in verdicts:
+        print(f"  {name:40s} {x:.2f}x  goal >= {goal}x: {'meets' if x >= goal else 'misses'}")
 
 
 if __name__ == "__main__":

@@ -474,6 +474,54 @@ def test_sampled_output_has_the_target_distribution(toy_pair, mode):
     assert _chisquare(_counts(out.tokens[:, :1]), first, N) > SIGNIFICANCE
 
 
+def test_exact_enumeration_prompt_lookup_equals_target():
+    """The prompt-lookup draft (a one-hot q) through the same verification: the loop's exact output law
+    equals the target's, and the walk took multi-token accepts, residual draws and a full accept."""
+    target, _ = _table_pair()
+    params = SamplingParams(temperature=1.0, top_k=2)
+    prompt, L = (2, 3, 0, 2, 3), 4  # "2 3" occurred before: the first round drafts "0 2 3"
+    seen = {"multi": 0, "residual": 0, "full": 0}
+
+    def run(src):
+        out = S.speculative_generate(target, S.PromptLookup(max_ngram=2, num_draft=3), torch.tensor([prompt]), L,
+                                     params=params, generator=src)
+        for g, (n,) in zip(out.stats.drafted, out.stats.accepted, strict=True):
+            seen["multi"] += g > 0 and n >= 2
+            seen["residual"] += 0 < g and n < g
+            seen["full"] += 0 < g == n
+        return out
+
+    got = _enumerated_law(run)
+    want = _table_law(target, prompt, L, params)
+    tv = 0.5 * sum(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in set(got) | set(want))
+    assert abs(sum(got.values()) - 1) < 1e-6 and tv < 1e-6, f"total variation {tv}"
+    assert all(seen.values()), seen
+
+
+def test_enumeration_catches_a_lossy_lookup_verifier(monkeypatch):
+    """The same enumeration fails when a rejected lookup token is drawn again (residual p, not p - onehot)."""
+    target, _ = _table_pair()
+    params = SamplingParams(temperature=1.0, top_k=2)
+    monkeypatch.setattr(S, "one_hot_q", lambda drafts, vocab: torch.zeros(*drafts.shape, vocab))
+    prompt = (2, 3, 0, 2, 3)
+    got = _enumerated_law(lambda src: S.speculative_generate(target, S.PromptLookup(max_ngram=2, num_draft=3),
+                                                             torch.tensor([prompt]), 4, params=params, generator=src))
+    want = _table_law(target, prompt, 4, params)
+    assert 0.5 * sum(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in set(got) | set(want)) > 1e-3
+
+
+def test_ngram_index_finds_the_latest_longest_match():
+    ix = S.PromptLookup(max_ngram=3, min_ngram=1, num_draft=3).index([5, 6, 7, 8, 9, 6, 7, 1, 2, 5, 6, 7])
+    assert ix.propose(3) == [8, 9, 6]  # "5 6 7" (n = 3) beats the later "6 7" (n = 2)
+    ix.extend([4])
+    assert ix.propose(3) == []  # nothing ever followed "... 4"
+    ix = S.PromptLookup(max_ngram=2, min_ngram=1, num_draft=2).index([1, 2, 3, 1, 2, 4, 2])
+    assert ix.propose(2) == [4, 2]  # "4 2" never occurred before; "2" did, last followed by "4 2"
+    assert S.PromptLookup(min_ngram=2, max_ngram=2).index([1, 2, 1]).propose(5) == []  # "2 1" is new
+    with pytest.raises(ValueError):
+        S.PromptLookup(max_ngram=1, min_ngram=2)
+
+
 # ---------------------------------------------------------------- greedy identity
 
 
@@ -509,6 +557,45 @@ def test_greedy_identity_batched_min_rule(toy_pair):
     ref = decode.generate(target, ids, 12).tokens
     assert torch.equal(S.speculative_generate(target, draft, ids, 12, gamma=3).tokens, ref)
     assert torch.equal(S.tree_generate(target, draft, ids, 12, branching=(2, 1, 1)).tokens, ref)
+
+
+def _workload_prompts(tok) -> dict:
+    from llmlab.inference import workloads as W
+
+    enc = lambda t: tok(t, return_tensors="pt", add_special_tokens=False)["input_ids"]  # noqa: E731
+    return {"quote": enc(W.prompts("quote", 1)[0]), "edit": enc(W.prompts("edit", 1)[0]),
+            "open": enc("The for statement is used to iterate over the elements of")}
+
+
+@pytest.mark.parametrize("lookup", [S.PromptLookup(), S.PromptLookup(max_ngram=4, min_ngram=2, num_draft=4)])
+def test_greedy_identity_prompt_lookup_on_every_workload(tiny_pair, lookup):
+    target, _, tok = tiny_pair
+    for name, ids in _workload_prompts(tok).items():
+        ref = decode.generate(target, ids, 40).tokens
+        out = S.speculative_generate(target, lookup, ids, 40)
+        assert torch.equal(out.tokens, ref), f"{name}: {_first_divergence(out.tokens, ref)}"
+        assert sum(out.stats.emitted) == 40 and out.stats.target_forwards <= 41
+
+
+def test_greedy_identity_prompt_lookup_batched_and_eos(toy_pair):
+    target, _ = toy_pair
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, V, (6, 8), generator=gen)
+    ref = decode.generate(target, ids, 12).tokens
+    assert torch.equal(S.lookup_generate(target, ids, 12, S.PromptLookup(num_draft=4)).tokens, ref)
+    ref = decode.generate(target, ids[:1], 12, eos_token_id=0).tokens
+    out = S.lookup_generate(target, ids[:1], 12, S.PromptLookup(num_draft=4), eos_token_id=0).tokens
+    assert torch.equal(out, ref), _first_divergence(out, ref)
+
+
+def test_hf_prompt_lookup_matches_plain_greedy(tiny_pair):
+    target, _, tok = tiny_pair
+    ids = _workload_prompts(tok)["quote"]
+    ref = decode.generate(target, ids, 24).tokens
+    hf = decode.hf_generate(target, ids, 24, prompt_lookup_num_tokens=4)
+    eos = (ref[0] == target.config.eos_token_id).nonzero()
+    k = int(eos[0]) if len(eos) else 24
+    assert torch.equal(hf[:, :k], ref[:, :k])
 
 
 def test_hf_assisted_matches_plain_greedy(tiny_pair):

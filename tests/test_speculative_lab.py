@@ -16,7 +16,7 @@ from llmlab.labs import speculative as lab
 IDS = ["greedy_identity", "tree_forward_exact", "distribution_matches_target", "distribution_test_covered", "pays_off",
        "within_leviathan", "within_verify_model", "best_gamma_predicted", "vs_plain_goal", "vs_hf_assisted",
        "loop_vs_hf_generate", "alpha_matches_beta", "oracle_bounds_policies", "tree_beats_chain_same_budget",
-       "speedup_shrinks_with_batch"]
+       "speedup_shrinks_with_batch", "lookup_grounded_goal", "lookup_control_cheap", "verify_free_when_memory_bound"]
 
 
 def _fixture() -> LabResult:
@@ -42,6 +42,11 @@ def _fixture() -> LabResult:
                  (("chain gamma=4", "same depth", 5, 3.0), ("chain gamma=14", "same verify budget", 15, 3.5),
                   ("tree", "tree (2, 2, 1, 1)", 15, 3.8))],
         "batch": [dict(batch=1, speedup=1.2), dict(batch=8, speedup=0.6)],
+        "lookup": [dict(workload=w, prompt_tokens=p, found_share=f, alpha=0.8, tokens_per_target_forward=3.0, speedup=x,
+                        predicted_speedup=x) for w, p, f, x in
+                   (("quote", 330, 0.9, 2.1), ("edit", 320, 0.9, 1.8), ("open (control)", 32, 0.2, 1.0))],
+        "regimes": [dict(regime=r, verify_k4=v, verify_k8=v, verify_k16=v, best_gamma=4, predicted_speedup=1.5,
+                         predicted_free_verify=1.6) for r, v in (("in cache", 1.3), ("DRAM", 1.05))],
     }
     for name, rows in t.items():
         res.add_table(name, pd.DataFrame(rows))
@@ -72,6 +77,9 @@ FAILS = {  # claim -> how a run makes it fail
     "oracle_bounds_policies": lambda r: _set(r, "policies", "tokens_per_target_forward", 2.0, lambda d: d.policy == "oracle"),
     "tree_beats_chain_same_budget": lambda r: _set(r, "tree", "tokens_per_target_forward", 3.2, lambda d: d.method == "tree"),
     "speedup_shrinks_with_batch": lambda r: _set(r, "batch", "speedup", 1.5, lambda d: d.batch == 8),
+    "lookup_grounded_goal": lambda r: _set(r, "lookup", "speedup", 1.3, lambda d: d.workload == "edit"),
+    "lookup_control_cheap": lambda r: _set(r, "lookup", "speedup", 0.9, lambda d: d.workload == "open (control)"),
+    "verify_free_when_memory_bound": lambda r: _set(r, "regimes", "verify_k4", 1.9, lambda d: d.regime == "DRAM"),
 }
 
 
@@ -99,8 +107,10 @@ def test_claims_that_a_run_could_not_measure():
     del res.tables["batch"]
     res.skip("batch", "not in --quick")
     res.tables["temperature_sweep"] = res.tables["temperature_sweep"].iloc[:1]  # T = 0 only: alpha == beta by construction
+    del res.tables["lookup"], res.tables["regimes"]  # an older run: no prompt lookup, no verify-cost curve
     claims = lab.judge(res)
-    for cid in ("vs_plain_goal", "vs_hf_assisted", "speedup_shrinks_with_batch", "alpha_matches_beta"):
+    for cid in ("vs_plain_goal", "vs_hf_assisted", "speedup_shrinks_with_batch", "alpha_matches_beta",
+                "lookup_grounded_goal", "lookup_control_cheap", "verify_free_when_memory_bound"):
         c = find(claims, f"speculative.{cid}")
         assert c.holds is None and c.note, cid
     assert "not in --quick" in find(claims, "speculative.speedup_shrinks_with_batch").note
@@ -112,6 +122,8 @@ def test_headline_says_why_when_it_does_not_pay_off():
     _set(res, "acceptance", "verify_cost", 1.4)
     line = lab.headline(res, lab.judge(res))
     assert "0.85x" in line and "verifying 5 tokens costs 1.40 target steps" in line and "compute-bound" in line
+    assert line.startswith("Best here: prompt lookup on quote, 2.10x plain.")  # the best method, on its workload
+    assert "a DRAM-sized model pays 1.05 for 4 tokens" in line
     res = _fixture()
     _set(res, "acceptance", "verify_cost", 1.0)
     _set(res, "acceptance", "cost_ratio_c", 0.6)  # 4 drafts x 0.6 = 2.4 steps for tau 3: the draft is the cost
@@ -137,13 +149,24 @@ def test_quick_json_end_to_end(quick_run):
         return [dict(zip(t["columns"], r, strict=True)) for r in t["rows"]]
 
     q = lab.Config.quick()
-    assert {r["method"] for r in rows("speed")} == {"plain (ours)", "HF generate", "speculative (ours)", "HF assisted"}
+    assert {r["method"] for r in rows("speed")} == {"plain (ours)", "HF generate", "speculative (ours)", "HF assisted",
+                                                    "prompt lookup (ours)"}
+    lk = {r["workload"]: r for r in rows("lookup")}
+    assert set(lk) == {"quote", "edit", "open (control)"} and all(r["identical"] for r in lk.values())
+    assert all(r["tokens_per_target_forward"] >= 1 and r["speedup"] > 0.2 for r in lk.values())
+    curve = rows("verify_curve")
+    for regime in ("in cache", "DRAM"):  # the verify-cost curve of both regimes is in --quick
+        ks = [r["k"] for r in curve if r["regime"] == regime]
+        assert ks == list(q.verify_ks), regime
+    dram = next(r for r in curve if r["regime"] == "DRAM")
+    assert dram["weights_MB"] >= q.dram_llc_multiple * dram["llc_MB"]  # weights >= 8x the last-level cache
+    assert "verify_gpu" in d["skipped"] or d["env"]["device"]["device"].startswith("cuda")
     assert [r["gamma"] for r in rows("gamma_sweep")] == sorted(set(q.gammas) | {q.gamma})
     assert all(r["speedup"] > 0.2 and r["predicted_speedup_verify"] > 0 for r in rows("gamma_sweep"))
     acc = rows("acceptance")[0]
     assert acc["beta"] == pytest.approx(acc["alpha"])  # greedy: beta counts the same agreements (a note, not a claim)
     assert acc["tau"] >= 1.5 and acc["alpha"] >= 0.4  # the trained pair agrees (model card: ~0.7)
-    assert d["skipped"] == {"batch": "not in --quick (timed batches take minutes)"}
+    assert d["skipped"]["batch"] == "not in --quick (timed batches take minutes)" and "verify_dram" not in d["skipped"]
     verdicts = {c["id"]: c["holds"] for c in d["claims"]}
     assert list(verdicts) == [f"speculative.{i}" for i in IDS]
     for must in ("greedy_identity", "tree_forward_exact", "distribution_matches_target", "distribution_test_covered",
@@ -180,7 +203,8 @@ def test_draft_with_another_vocabulary_exits_2(tmp_path):
 def test_config_validation():
     for bad in (dict(gamma=0), dict(temperature=-1.0), dict(gammas=(0, 2)), dict(gammas=()), dict(tree=(2, 0)),
                 dict(top_p=0.0), dict(prompts=0), dict(prompts=33), dict(confidence=1.5), dict(new_tokens=1),
-                dict(sweep_repeats=-1)):
+                dict(sweep_repeats=-1), dict(lookup_min_ngram=3, lookup_max_ngram=2), dict(lookup_tokens=0),
+                dict(verify_ks=(2, 4)), dict(workload_prompts=-1)):
         with pytest.raises(ValueError):
             lab.Config(**bad)
     q = lab.Config.quick()

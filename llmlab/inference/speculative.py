@@ -368,10 +368,14 @@ def speculative_generate(
 ) -> SpecGeneration:
     """Draft-and-verify from `input_ids` (B, S) for up to `max_new_tokens` new tokens.
 
+    `draft` is a model sharing the target's tokenizer, or a `PromptLookup` (no model: `lookup_generate`).
+
     Greedy (temperature 0) output equals the target's plain greedy decoding token for token;
     sampled output has the target's distribution (`verify`). Stops early when every row has
     emitted `eos_token_id`; a finished row is padded with EOS, as in `decode.generate`.
     """
+    if isinstance(draft, PromptLookup):  # a draft source without a model: see lookup_generate
+        return lookup_generate(target, input_ids, max_new_tokens, draft, params, generator, eos_token_id)
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1")
     _check_pair(target, draft)
@@ -438,6 +442,141 @@ def _round_betas(logits, q, drafts, params: SamplingParams, n0: int) -> list[flo
         return [float(v) for v in (drafts[0, :k] == logits[0, :k].argmax(-1)).tolist()]
     p = probs(logits[:1, :k], params)
     return beta(p[0], q[0, :k]).tolist()
+
+
+# ---------------------------------------------------------------- prompt lookup: a draft without a model
+
+
+class NgramIndex:
+    """One sequence's n-gram index: for each n in [min_n, max_n], n-gram -> where its latest continuation starts.
+
+    An n-gram is entered when the token after it arrives, so the sequence's own suffix is never its own
+    match, and a later occurrence overwrites an earlier one (the most recent context wins). Appending a
+    token costs (max_n - min_n + 1) dict writes; a lookup at most as many dict reads: no scan of the context.
+    """
+
+    def __init__(self, tokens: Sequence[int], min_n: int, max_n: int):
+        self.tokens: list[int] = []
+        self.ns = range(max_n, min_n - 1, -1)  # longest first
+        self.table: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.ns}
+        self.extend(tokens)
+
+    def extend(self, new: Sequence[int]) -> None:
+        toks, table = self.tokens, self.table
+        for t in new:
+            i = len(toks)  # t lands at i: every n-gram ending at i - 1 now has a continuation starting at i
+            for n in self.ns:
+                if i >= n:
+                    table[n][tuple(toks[i - n : i])] = i
+            toks.append(t)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix n-gram."""
+        toks, size = self.tokens, len(self.tokens)
+        if k <= 0:
+            return []
+        for n in self.ns:
+            if size >= n:
+                start = self.table[n].get(tuple(toks[size - n :]))
+                if start is not None:
+                    return toks[start : start + k]
+        return []
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """Prompt-lookup drafting (Saxena 2023; HF `prompt_lookup_num_tokens`; vLLM's ngram speculator).
+
+    The draft is the text that followed the last `n` tokens where they occurred before, in the prompt
+    or the output so far, trying n = max_ngram down to min_ngram. No model, no draft forward: c = 0.
+    A draft is a deterministic function of the context, so for sampling it is a one-hot q.
+    """
+
+    max_ngram: int = 3  # longer matches are rarer but more often right
+    min_ngram: int = 1  # 1 lets a single repeated token find its continuation; 2 is stricter
+    num_draft: int = 10  # tokens drafted on a match (HF's default prompt_lookup_num_tokens is 10)
+
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram or self.num_draft < 1:
+            raise ValueError(f"prompt lookup needs 1 <= min_ngram <= max_ngram and num_draft >= 1, got {self}")
+
+    def index(self, tokens: Sequence[int]) -> NgramIndex:
+        return NgramIndex(tokens, self.min_ngram, self.max_ngram)
+
+
+def one_hot_q(drafts: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A deterministic draft as a proposal distribution: (B, g) -> (B, g, V) one-hot. Verified with it,
+    x is accepted with probability p(x) and a rejection draws from norm(max(0, p - onehot(x)))."""
+    return torch.nn.functional.one_hot(drafts, vocab).float()
+
+
+@torch.inference_mode()
+def lookup_generate(
+    target,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    lookup: PromptLookup = PromptLookup(),
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+) -> SpecGeneration:
+    """Speculative decoding with prompt-lookup drafts, verified by the target as a model draft is.
+
+    The target's cache holds everything but `last`, as in `speculative_generate`. A round looks up a
+    draft per row (padded to the longest with token 0: a deterministic pad is a valid one-hot draft);
+    when no row finds one, the round is a plain decode step (one token, no verify overhead).
+    Greedy output equals plain greedy; sampled output has the target's law (`verify` with one-hot q).
+    """
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be at least 1")
+    stats = SpecStats()
+    t_start = time.perf_counter()
+    cache = decode.new_cache(target)
+    if input_ids.shape[1] > 1:
+        decode.forward(target, input_ids[:, :-1], cache)
+    stats.target_forwards = int(input_ids.shape[1] > 1)
+    last = input_ids[:, -1:]
+    indexes = [lookup.index(row) for row in input_ids.tolist()]
+    B, dev = input_ids.shape[0], input_ids.device
+    vocab = target.config.vocab_size
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    out: list[torch.Tensor] = []
+    produced = 0
+    while produced < max_new_tokens:
+        room = min(lookup.num_draft, max_new_tokens - produced - 1)
+        props = [ix.propose(room) for ix in indexes]
+        g = max(map(len, props))
+        t_len = cache.get_seq_length()
+        if g > 0:
+            drafts = torch.tensor([p + [0] * (g - len(p)) for p in props], dtype=torch.long, device=dev)  # (B, g)
+            logits = decode.forward(target, torch.cat([last, drafts], dim=1), cache, logits_to_keep=g + 1).float()
+            if params.greedy:
+                n, nxt = verify_greedy_rows(drafts, logits)
+            else:
+                n, nxt = verify_rows(drafts, one_hot_q(drafts, vocab), probs(logits, params), generator)
+            n_list = n.tolist()
+            m = min(n_list)
+            if m < max(n_list):  # min rule, as in speculative_generate
+                nxt = torch.where((n > m).unsqueeze(1), drafts[:, m : m + 1], nxt)
+            emitted = torch.cat([drafts[:, :m], nxt], dim=1)  # (B, m + 1)
+            decode.crop(cache, t_len + 1 + m)
+        else:  # nothing to draft: one plain decode step
+            logits = decode.forward(target, last, cache)[:, -1].float()  # (B, V)
+            emitted = logits.argmax(-1, keepdim=True) if params.greedy else draw(probs(logits, params), generator)
+            n_list, m = [0] * B, 0
+        stats.target_forwards += 1
+        stats.drafted.append(g)
+        stats.accepted.append(n_list)
+        stats.emitted.append(m + 1)
+        last = emitted[:, -1:]
+        emitted, done, finished = _finish_round(emitted, done, eos_token_id)
+        for ix, row in zip(indexes, emitted.tolist(), strict=True):
+            ix.extend(row)
+        out.append(emitted)
+        produced += emitted.shape[1]
+        if finished:
+            break
+    return SpecGeneration(torch.cat(out, dim=1), stats, time.perf_counter() - t_start)
 
 
 # ---------------------------------------------------------------- token trees

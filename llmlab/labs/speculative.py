@@ -40,12 +40,15 @@ from llmlab.core.results import Chart, Claim, Col, LabResult, View
 from llmlab.core.timing import interleaved, summarize
 from llmlab.inference import decode
 from llmlab.inference import speculative as S
+from llmlab.inference import verify_cost as V
 from llmlab.inference.decode import SamplingParams
 
 LAB = "speculative"
 VERSION = 2  # 2: one interleaved set for speed and the gamma sweep; B = 1 distribution loop; same-budget policies/tree
 JUDGE_VERSION = 1
 GOAL_VS_PLAIN, GOAL_VS_HF_ASSISTED = 1.3, 1.25  # the issue's performance goal (greedy, built-in pair, CPU)
+GOAL_LOOKUP_GROUNDED, GOAL_LOOKUP_CONTROL, GOAL_LOOKUP_VS_HF = 1.5, 0.95, 1.1  # issue 19's goals for prompt lookup
+VERIFY_FREE = 1.25  # "nearly free": a forward over 4 tokens costs at most 1.25 single-token forwards
 PREDICTION_TOLERANCE = 0.2  # "within 20% of Leviathan's prediction"
 DIST_TOKENS = 4  # the distribution test's output length: gamma 3 drafts positions 1-3, the bonus lands on 4
 
@@ -86,6 +89,14 @@ class Config:
     dist_samples: int = 600  # B = 1 runs (one seed each) per method of the distribution test
     dist_top_k: int = 3  # the distribution test's support per token: 3^4 = 81 cells at most
     cost_samples: int = 40  # alternating samples of each forward shape for c and the verify cost
+    lookup_max_ngram: int = 2  # prompt lookup: longest suffix n-gram matched (HF's default too); best of the bench sweep
+    lookup_min_ngram: int = 1  # shortest: 1 lets a repeated token find its continuation
+    lookup_tokens: int = 4  # tokens drafted on a match: the bench sweep's best on a 2-core CPU (HF defaults to 10)
+    workload_prompts: int = 2  # stdlib functions per input-grounded workload (quote, edit)
+    verify_ks: tuple[int, ...] = tuple(range(1, 17))  # verify-cost curve: a target forward over k tokens
+    verify_samples: int = 9  # alternating samples of each k, per regime
+    dram_arch: str = "qwen2.5-0.5b"  # the DRAM regime: this architecture, random weights, cut to enough layers
+    dram_llc_multiple: int = 8  # ... that its weights are at least this many times the last-level cache
     threads: int = 1  # CPU only: one thread, as ops this small gain nothing from more; 0 keeps torch's default
     seed: int = 0  # the CLI sets it from --seed
 
@@ -109,13 +120,22 @@ class Config:
             raise ValueError("confidence must be in (0, 1), dist_samples >= 50, dist_top_k >= 2, threads >= 0")
         if self.cost_samples < 3:
             raise ValueError("cost_samples must be >= 3")
+        S.PromptLookup(self.lookup_max_ngram, self.lookup_min_ngram, self.lookup_tokens)  # raises on bad values
+        if not self.verify_ks or min(self.verify_ks) != 1 or self.verify_samples < 3 or self.dram_llc_multiple < 1:
+            raise ValueError("verify_ks must start at k = 1, verify_samples >= 3, dram_llc_multiple >= 1")
+        if self.workload_prompts < 0:
+            raise ValueError("workload_prompts must be >= 0 (0 skips the quote and edit workloads)")
 
     @classmethod
     def quick(cls) -> Config:
         """The demo: 3 prompts x 32 tokens x 3 timed rounds for speed (stable to a few %), the other parts
         counted once (no timing), no batch sweep; about 40 s on an idle 2-core CPU."""
         return cls(new_tokens=32, prompts=3, repeats=3, sweep_repeats=0, gammas=(1, 2, 4, 6), temperatures=(1.0,),
-                   tree_sampled=False, batch_sizes=(), dist_samples=100, dist_top_k=2, cost_samples=15)
+                   tree_sampled=False, batch_sizes=(), dist_samples=100, dist_top_k=2, cost_samples=15,
+                   workload_prompts=1, verify_ks=(1, 2, 4, 8, 16), verify_samples=5)
+
+    def lookup(self) -> S.PromptLookup:
+        return S.PromptLookup(self.lookup_max_ngram, self.lookup_min_ngram, self.lookup_tokens)
 
     def params(self, temperature: float | None = None) -> SamplingParams:
         t = self.temperature if temperature is None else temperature
@@ -229,6 +249,23 @@ def spec_fn(pair: Pair, n: int, params: SamplingParams, gen, prompts=None, **kw)
                                                                     generator=gen, record_beta=rec, **kw), prompts)
 
 
+def lookup_fn(pair: Pair, n: int, params: SamplingParams, gen, lookup: S.PromptLookup, prompts=None):
+    return lambda rec: pair.run(lambda ids: S.lookup_generate(pair.target, ids, n, lookup, params, gen), prompts)
+
+
+def lookup_row(workload: str, outs: list, refs: list, secs, name: str, base: str, tokens: int) -> dict:
+    """A workload's prompt-lookup figures: acceptance, tokens per target forward, rounds that found a draft,
+    and the speed-up over plain decoding; its prediction from the measured verify cost is added later."""
+    stats = merged(outs)
+    m = S.acceptance_metrics(stats)
+    found = sum(g > 0 for g in stats.drafted) / max(1, len(stats.drafted))
+    mean_g = statistics.fmean([g for g in stats.drafted if g > 0] or [0])
+    identical = all(torch.equal(o.tokens, r) for o, r in zip(outs, refs, strict=True))
+    return dict(workload=workload, prompts=len(outs), alpha=m["alpha"], tokens_per_target_forward=m["tokens_per_target_forward"],
+                found_share=found, mean_drafted=mean_g, identical=identical, predicted_speedup=math.nan,
+                **speed_row(secs, name, base, tokens))
+
+
 def tree_fn(pair: Pair, n: int, params: SamplingParams, gen, branching: tuple[int, ...], prompts=None):
     return lambda rec: pair.run(lambda ids: S.tree_generate(pair.target, pair.draft, ids, n, branching=branching,
                                                              params=params, generator=gen), prompts)
@@ -275,6 +312,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
             else:
                 res.skip("tree", "the tree forward check failed (see tree_check)")
             part_batch(res, pair, cfg, progress)
+            part_verify_curve(res, pair, cfg, costs)
+            part_lookup(res, pair, cfg, costs, identity, progress)
         finally:
             res.add_table("identity", identity)
     return res
@@ -418,6 +457,7 @@ def part_speed(res: LabResult, pair: Pair, cfg: Config, gen, costs: dict, identi
         "plain (ours)": plain_fn(pair, n, params, gen),
         "HF generate": lambda rec: pair.run(lambda ids: decode.hf_generate(pair.target, ids, n, **hf_kw)),
         "HF assisted": lambda rec: pair.run(lambda ids: S.hf_assisted_generate(pair.target, pair.draft, ids, n, cfg.gamma, **hf_kw)),
+        "prompt lookup": lookup_fn(pair, n, params, gen, cfg.lookup()),
     } | {f"g{g}": spec_fn(pair, n, params, gen, gamma=g) for g in gs}
     first, secs = timed(pair, fns, cfg.repeats, progress, "speed: plain vs speculative at each gamma")
     refs = first["plain (ours)"]
@@ -437,13 +477,19 @@ def part_speed(res: LabResult, pair: Pair, cfg: Config, gen, costs: dict, identi
     main = next(r for r in sweep if r["gamma"] == cfg.gamma)
     rows = [dict(method=k, gamma=0, **speed_row(secs, k, "plain (ours)", tokens)) for k in ("plain (ours)", "HF generate")]
     rows += [dict(method="speculative (ours)", gamma=cfg.gamma, **speed_row(secs, f"g{cfg.gamma}", "plain (ours)", tokens)),
-             dict(method="HF assisted", gamma=cfg.gamma, **speed_row(secs, "HF assisted", "plain (ours)", tokens))]
+             dict(method="HF assisted", gamma=cfg.gamma, **speed_row(secs, "HF assisted", "plain (ours)", tokens)),
+             dict(method="prompt lookup (ours)", gamma=cfg.lookup_tokens,
+                  **speed_row(secs, "prompt lookup", "plain (ours)", tokens))]
+    lk = lookup_row("open (control)", first["prompt lookup"], refs, secs, "prompt lookup", "plain (ours)", tokens)
+    costs["lookup_open"] = lk
     for r in rows:
         r["expected"] = {"plain (ours)": 1.0, "HF generate": 1.0, "speculative (ours)": main["predicted_speedup_verify"],
-                         "HF assisted": main["predicted_speedup_verify"]}[r["method"]]
+                         "HF assisted": main["predicted_speedup_verify"],
+                         "prompt lookup (ours)": lk["predicted_speedup"]}[r["method"]]
         r.update(temperature=params.temperature, tokens=tokens)
     res.add_table("speed", rows)
     m = S.acceptance_metrics(merged(first[f"g{cfg.gamma}"]))
+    costs["alpha"] = m["alpha"]
     res.add_table("acceptance", [dict(gamma=cfg.gamma, temperature=params.temperature, rounds=m["rounds"], alpha=m["alpha"],
                                       beta=m["beta"], tau=m["tau"], expected_tau=main["expected_tau"],
                                       tokens_per_target_forward=m["tokens_per_target_forward"], cost_ratio_c=c,
@@ -456,6 +502,7 @@ def part_speed(res: LabResult, pair: Pair, cfg: Config, gen, costs: dict, identi
     res.add_table("histogram", [dict(accepted=k, rounds=cnt, share=cnt / m["rounds"]) for k, cnt in m["histogram"].items()])
     if params.greedy:
         identity += identity_rows("HF assisted (the peer)", first["HF assisted"], refs, eos=pair.eos)
+        identity += identity_rows("prompt lookup, open", [o.tokens for o in first["prompt lookup"]], refs)
         return refs
     return pair.run(lambda ids: decode.generate(pair.target, ids, n).tokens)  # policies and tree need greedy refs
 
@@ -577,6 +624,84 @@ def part_batch(res: LabResult, pair: Pair, cfg: Config, progress) -> None:
                          plain_tokens_per_s=statistics.median(b * n / x for x in secs[f"plain B={b}"]),
                          **speed_row(secs, f"spec B={b}", f"plain B={b}", b * n)))
     res.add_table("batch", rows)
+
+
+# ---------------------------------------------------------------- 8. prompt lookup
+
+
+def workload_prompts(pair: Pair, kind: str, n: int) -> list[torch.Tensor]:
+    from llmlab.inference import workloads
+
+    return [pair.tokenizer(t, return_tensors="pt", add_special_tokens=False)["input_ids"].to(pair.device.torch)
+            for t in workloads.prompts(kind, n)]
+
+
+def part_lookup(res: LabResult, pair: Pair, cfg: Config, costs: dict, identity: list, progress) -> None:
+    """Greedy prompt lookup against plain decoding on input-grounded prompts (stdlib source quoted again, a
+    function to rewrite), beside the open-ended control measured in the speed part (same interleaving)."""
+    rows = []
+    if cfg.workload_prompts:
+        params, n = cfg.params(0.0), cfg.new_tokens
+        sets = {k: workload_prompts(pair, k, cfg.workload_prompts) for k in ("quote", "edit")}
+        fns = {}
+        for k, ps in sets.items():
+            fns[f"plain {k}"] = plain_fn(pair, n, params, None, ps)
+            fns[f"lookup {k}"] = lookup_fn(pair, n, params, None, cfg.lookup(), ps)
+        first, secs = timed(pair, fns, max(cfg.repeats, 1), progress, "prompt lookup: quote, edit")
+        for k, ps in sets.items():
+            refs = first[f"plain {k}"]
+            rows.append(dict(lookup_row(k, first[f"lookup {k}"], refs, secs, f"lookup {k}", f"plain {k}", n * len(ps)),
+                             prompt_tokens=statistics.fmean(p.shape[1] for p in ps)))
+            identity += identity_rows(f"prompt lookup, {k}", [o.tokens for o in first[f"lookup {k}"]], refs)
+    if "lookup_open" in costs:
+        rows.append(dict(costs["lookup_open"], prompt_tokens=statistics.fmean(p.shape[1] for p in pair.prompts)))
+    curve = costs.get("curve", {})
+    for r in rows:  # Leviathan with c = 0, on rounds that drafted, and the verify cost over the mean drafted length + 1
+        if curve and r["alpha"] == r["alpha"]:
+            g, f = r["mean_drafted"], r["found_share"]
+            tau = f * S.expected_tau(r["alpha"], max(1, round(g))) + (1 - f)  # a round without a draft: 1 token
+            r["predicted_speedup"] = tau / (f * V.interpolate(curve, g + 1) + (1 - f))
+    res.add_table("lookup", rows)
+    res.note(f"prompt lookup: n-grams {cfg.lookup_min_ngram}-{cfg.lookup_max_ngram}, {cfg.lookup_tokens} drafted; "
+             "quote/edit: stdlib source; open: held-out text")
+
+
+# ---------------------------------------------------------------- 9. verify cost: in cache vs DRAM
+
+
+def part_verify_curve(res: LabResult, pair: Pair, cfg: Config, costs: dict) -> None:
+    """Cost of one target forward over k tokens relative to one token, k = 1..16: the built-in target (in
+    cache) and a DRAM-sized arch: model (random weights: a timing only). Then Leviathan's prediction for each
+    regime from the tiny pair's alpha (at the lab's gamma), its c, and the regime's own verify cost."""
+    dev = pair.device
+    tiny_mb = 4 * sum(p.numel() for p in pair.target.parameters()) / 1e6
+    regimes = [("in cache", dict(model=f"{cfg.model} (trained)", weights_MB=tiny_mb), pair.target)]
+    try:
+        big, info = V.dram_model(cfg.dram_arch, cfg.dram_llc_multiple, dev, cfg.seed)
+    except (RuntimeError, MemoryError) as exc:  # out of memory: the in-cache curve stands alone
+        res.skip("verify_dram", f"the DRAM-sized model did not fit: {str(exc).splitlines()[0][:120]}")
+        big, info = None, None
+    if big is not None:
+        regimes.append(("DRAM", info, big))
+        if not info["llc_read"]:
+            res.note(f"the last-level cache could not be read from sysfs: assumed {info['llc_MB']:.0f} MB")
+    llc_mb = (info or {}).get("llc_MB", math.nan)
+    rows, pred = [], []
+    for regime, meta, model in regimes:
+        ms = V.verify_curve(model, dev, cfg.verify_ks, cfg.verify_samples)
+        for k, t in ms.items():
+            rows.append(dict(regime=regime, model=meta["model"], weights_MB=meta["weights_MB"], llc_MB=llc_mb,
+                             weights_over_llc=meta["weights_MB"] / llc_mb, k=k, ms=t, relative_to_k1=t / ms[1]))
+        rel = {k: t / ms[1] for k, t in ms.items()}
+        pred.append(V.regime_prediction(regime, meta["model"], rel, costs))
+        if regime == "in cache":
+            costs["curve"] = rel
+    del big
+    res.add_table("verify_curve", rows)
+    res.add_table("regimes", pred)
+    if not dev.is_cuda:
+        res.skip("verify_gpu", "no GPU (--device cuda runs both regimes there)")
+    res.note(f"verify cost, DRAM regime: {info['model'] if info else '-'}, random weights: a timing only")
 
 
 # ---------------------------------------------------------------- judge
@@ -702,6 +827,26 @@ def judge(result: LabResult) -> list[Claim]:
         return (f"{lo.speedup:.2f}x at B={int(lo.batch)} -> {hi.speedup:.2f}x at B={int(hi.batch)}",
                 bool(hi.speedup < lo.speedup))
 
+    def lookup_grounded():
+        df = t["lookup"]
+        df = df[~df.workload.str.startswith("open")]
+        if df.empty or df.speedup.isna().all():
+            raise ValueError("no timed grounded workload")
+        x = df.speedup.min()
+        return "; ".join(f"{r.workload} {r.speedup:.2f}x" for r in df.itertuples()), bool(x >= GOAL_LOOKUP_GROUNDED)
+
+    def lookup_control():
+        r = t["lookup"].set_index("workload").loc["open (control)"]
+        return f"{r.speedup:.2f}x ({r.found_share:.0%} of rounds found a draft)", bool(r.speedup >= GOAL_LOOKUP_CONTROL)
+
+    def verify_free():
+        df = t["regimes"].set_index("regime")
+        if "verify_dram" in result.skipped or "DRAM" not in df.index:
+            return "-", None, f"not measured: {result.skipped.get('verify_dram', 'no DRAM regime')}"
+        d, c = df.loc["DRAM"], df.loc["in cache"]
+        return (f"DRAM {d.verify_k4:.2f}, in cache {c.verify_k4:.2f} steps for 4 tokens",
+                bool(d.verify_k4 <= VERIFY_FREE))
+
     g = cfg.get("gamma", 4)
     return [
         _claim("greedy_identity", "greedy speculative output == plain greedy, token for token",
@@ -732,25 +877,52 @@ def judge(result: LabResult) -> list[Claim]:
                "tree > chain (greedy)", tree_budget),
         _claim("speedup_shrinks_with_batch", "the speed-up shrinks as the batch grows",
                "smaller at the largest B", batch),
+        _claim("lookup_grounded_goal", f"prompt lookup >= {GOAL_LOOKUP_GROUNDED}x plain on quote and edit (the goal)",
+               f">= {GOAL_LOOKUP_GROUNDED}x each", greedy_only(lookup_grounded)),
+        _claim("lookup_control_cheap", "prompt lookup costs little on open-ended text", f">= {GOAL_LOOKUP_CONTROL}x plain",
+               greedy_only(lookup_control)),
+        _claim("verify_free_when_memory_bound", "verify is nearly free when decode is memory-bound (DRAM model)",
+               f"<= {VERIFY_FREE} steps for 4 tokens", verify_free),
     ]
 
 
+def best_method(result: LabResult) -> tuple[str, float] | None:
+    """The fastest method of this run against plain decoding on the same prompts: (label, x plain)."""
+    cands = []
+    if "speed" in result.tables:
+        for r in result.tables["speed"].itertuples():
+            if r.method != "plain (ours)" and r.speedup == r.speedup:
+                cands.append((f"{r.method} on held-out text", r.speedup))
+    if "lookup" in result.tables:
+        for r in result.tables["lookup"].itertuples():
+            if not r.workload.startswith("open") and r.speedup == r.speedup:
+                cands.append((f"prompt lookup on {r.workload}", r.speedup))
+    return max(cands, key=lambda c: c[1]) if cands else None
+
+
 def headline(result: LabResult, claims: list[Claim]) -> str:
-    """The speed-up, and why: a round's tokens against its cost in target steps."""
+    """The best method and its speed-up; the model draft's speed-up and why: its tokens against its cost."""
     try:
         r = _row(result, "acceptance")
     except (KeyError, IndexError):
         return ""
+    best = best_method(result)
+    lead_in = f"Best here: {best[0].replace(' (ours)', '')}, {best[1]:.2f}x plain. " if best else ""
     x, g, a, c, v, tau = (r["measured_speedup"], int(r["gamma"]), r["alpha"], r["cost_ratio_c"], r["verify_cost"], r["tau"])
     cost = g * c + v
-    head = (f"Speculative decoding gives {x:.2f}x here (gamma {g}): a round yields {tau:.2f} tokens "
+    head = (f"{lead_in}The model draft gives {x:.2f}x (gamma {g}): a round yields {tau:.2f} tokens "
             f"(alpha {a:.2f}) for {cost:.2f} target steps ({g} drafts x c {c:.2f} + a verify of {v:.2f}).")
     if x >= GOAL_VS_PLAIN:
         return head
     lead = "Why" if x < 1 else "Why not more"
     if v > 1.2:
         why = (f"{lead}: verifying {g + 1} tokens costs {v:.2f} target steps here, not 1: "
-               "the tiny model is compute-bound in cache, not memory-bound.")
+               "the tiny model is compute-bound in cache, not memory-bound")
+        try:
+            d = result.tables["regimes"].set_index("regime").loc["DRAM"]
+            why += f"; a DRAM-sized model pays {d.verify_k4:.2f} for 4 tokens."
+        except (KeyError, AttributeError):
+            why += "."
     elif g * c >= tau - 1:
         why = f"{lead}: the draft costs {c:.2f} of a target step and is right too rarely (alpha {a:.2f})."
     else:
@@ -762,17 +934,19 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
 
 
 def views(result: LabResult) -> list[View]:
-    """The report's parts, in the order of the article."""
+    """The report's parts, in the order of the article. --quick counts the temperature and tree parts without
+    timing them, and has no batch part: their verdicts are in "What this run found", their tables in --tables all."""
     cfg = result.config
     timed_sweeps = int(cfg.get("sweep_repeats", 0)) > 0
     x = (Col("speedup", "x plain", "x"),) if timed_sweeps else ()
-    return [
+    full = timed_sweeps or bool(cfg.get("batch_sizes"))
+    out = [
         View("1. Same output", f"Do B = 1 runs (T={float(cfg.get('temperature') or 1.0):g}, top-k {cfg.get('dist_top_k')}) "
              "follow the target's exact joint law?", "distribution",
              (Col("method", "method", "text", 16), Col("outcome", "outcome", "text", 18), Col("samples", "runs", "int"),
               Col("p_value", "p-value", ".3f"), Col("detectable_w", "w found", ".2f"), Col("passes", "passes"))),
         View("2. Speed", "Is speculative decoding faster than plain decoding here?", "speed",
-             (Col("method", "method", "text", 18), Col("gamma", "gamma", "int"), Col("tokens_per_s", "tokens / s"),
+             (Col("method", "method", "text", 20), Col("gamma", "gamma", "int"), Col("tokens_per_s", "tokens / s"),
               Col("speedup", "x plain", "x"), Col("speedup_p10", "p10", "x"), Col("expected", "model", "x"))),
         View("3. Gamma", "How many tokens should the draft guess per round?", "gamma_sweep",
              (Col("gamma", "gamma", "int"), Col("alpha", "alpha", ".3f"), Col("verify_cost", "verify (steps)", ".2f"),
@@ -780,7 +954,7 @@ def views(result: LabResult) -> list[View]:
               Col("predicted_speedup_verify", "with verify", "x")),
              chart=Chart("speed-up vs gamma: measured and predicted", "gamma_sweep", x="gamma",
                          y=["speedup", "predicted_speedup", "predicted_speedup_verify"],
-                         xlabel="gamma (drafted tokens)", ylabel="x plain")),
+                         xlabel="gamma (drafted tokens)", ylabel="x plain") if full else None),
         View("4. Temperature", "Does the counted acceptance match beta = sum min(p, q)?", "temperature_sweep",
              (Col("temperature", "T", "g"), Col("alpha", "alpha", ".3f"), Col("beta", "beta", ".3f"),
               Col("beta_se", "+- se", ".3f"), Col("tau", "tokens / round", ".2f"), *x)),
@@ -795,4 +969,17 @@ def views(result: LabResult) -> list[View]:
              (Col("batch", "batch", "int"), Col("alpha_per_row", "alpha", ".3f"),
               Col("tokens_per_round_min_rule", "tokens / round", ".2f"), Col("plain_tokens_per_s", "plain tokens / s"),
               Col("speedup", "x plain", "x"))),
+        View("8. Prompt lookup", "Does a draft-free lookup pay where the output re-uses the input?", "lookup",
+             (Col("workload", "workload", "text", 14), Col("prompt_tokens", "prompt", ".0f"), Col("found_share", "found", "%"),
+              Col("alpha", "alpha", ".2f"), Col("tokens_per_target_forward", "tokens / fwd", ".2f"),
+              Col("speedup", "x plain", "x"), Col("predicted_speedup", "model", "x"))),
+        View("9. Verify cost", "Is verifying k tokens nearly free when decode is memory-bound?", "regimes",
+             (Col("regime", "regime", "text", 8), Col("verify_k4", "k=4", ".2f"), Col("verify_k8", "k=8", ".2f"),
+              Col("verify_k16", "k=16 (steps)", ".2f"), Col("best_gamma", "best g", "int"),
+              Col("predicted_speedup", "predicted", "x"), Col("predicted_free_verify", "if free", "x")),
+             chart=Chart("verify cost vs tokens per forward", "verify_curve", x="k", y="relative_to_k1",
+                         series="regime", xlabel="k (tokens in one forward)", ylabel="x one-token step") if full else None),
     ]
+    if not full:  # --quick: counted-only parts and the absent batch part leave the terminal report
+        out = [v for v in out if v.title[0] not in "467"]
+    return out
