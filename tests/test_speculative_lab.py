@@ -16,7 +16,8 @@ from llmlab.labs import speculative as lab
 IDS = ["greedy_identity", "tree_forward_exact", "distribution_matches_target", "distribution_test_covered", "pays_off",
        "within_leviathan", "within_verify_model", "best_gamma_predicted", "vs_plain_goal", "vs_hf_assisted",
        "loop_vs_hf_generate", "alpha_matches_beta", "oracle_bounds_policies", "tree_beats_chain_same_budget",
-       "speedup_shrinks_with_batch", "lookup_grounded_goal", "lookup_control_cheap", "verify_free_when_memory_bound"]
+       "speedup_shrinks_with_batch", "lookup_grounded_goal", "target_copies_input", "lookup_control_cheap",
+       "verify_free_when_memory_bound"]
 
 
 def _fixture() -> LabResult:
@@ -45,6 +46,7 @@ def _fixture() -> LabResult:
         "lookup": [dict(workload=w, prompt_tokens=p, found_share=f, alpha=0.8, tokens_per_target_forward=3.0, speedup=x,
                         predicted_speedup=x) for w, p, f, x in
                    (("quote", 330, 0.9, 2.1), ("edit", 320, 0.9, 1.8), ("open (control)", 32, 0.2, 1.0))],
+        "copy": [dict(passages=2, tokens=64, first_read=0.3, second_read=0.95)],
         "regimes": [dict(regime=r, verify_k4=v, verify_k8=v, verify_k16=v, best_gamma=4, predicted_speedup=1.5,
                          predicted_free_verify=1.6) for r, v in (("in cache", 1.3), ("DRAM", 1.05))],
     }
@@ -78,6 +80,7 @@ FAILS = {  # claim -> how a run makes it fail
     "tree_beats_chain_same_budget": lambda r: _set(r, "tree", "tokens_per_target_forward", 3.2, lambda d: d.method == "tree"),
     "speedup_shrinks_with_batch": lambda r: _set(r, "batch", "speedup", 1.5, lambda d: d.batch == 8),
     "lookup_grounded_goal": lambda r: _set(r, "lookup", "speedup", 1.3, lambda d: d.workload == "edit"),
+    "target_copies_input": lambda r: _set(r, "copy", "second_read", 0.3),
     "lookup_control_cheap": lambda r: _set(r, "lookup", "speedup", 0.9, lambda d: d.workload == "open (control)"),
     "verify_free_when_memory_bound": lambda r: _set(r, "regimes", "verify_k4", 1.9, lambda d: d.regime == "DRAM"),
 }
@@ -132,6 +135,15 @@ def test_headline_says_why_when_it_does_not_pay_off():
     res = _fixture()
     _set(res, "acceptance", "measured_speedup", 1.5)
     assert "Why" not in lab.headline(res, [])  # it pays off as the goal asks: nothing to explain
+
+
+def test_headline_says_lookup_misses_because_the_model_does_not_copy():
+    res = _fixture()
+    _set(_set(res, "copy", "second_read", 0.27), "copy", "first_read", 0.26)
+    _set(res, "lookup", "speedup", 1.2, lambda d: d.workload == "quote")
+    line = lab.headline(res, lab.judge(res))
+    assert "Lookup on quoted source: 1.20x; the model does not copy" in line and "27% right, as 26% the first time" in line
+    assert "does not copy" not in lab.headline(_fixture(), [])  # a model that copies: nothing to explain
 
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
