@@ -67,8 +67,9 @@ def test_steps_add_up_to_the_forward_on_a_compute_heavy_shape():
         model, _, full = F.load_model("arch:qwen2.5-0.5b", CPU, layers=1)
         rows = F.time_steps(model, F.Config(sizes=(), prefill_tokens=64, context=8, repeats=3), CPU, "q", 1)
     pre = next(r for r in rows if r["phase"] == "prefill")
-    assert pre["stamped_ms"] <= pre["measured_forward_ms"] * 1.001
-    assert pre["stamped_ms"] >= (1 - F.ADD_UP_TOL) * pre["measured_forward_ms"], pre
+    # a sum of per-step medians against the median forward: within each run the steps fit inside the forward,
+    # but medians over 3 runs do not add exactly (a shared CPU moved them 2% apart): the tolerance both ways
+    assert abs(pre["stamped_ms"] / pre["measured_forward_ms"] - 1) <= F.ADD_UP_TOL, pre
 
 
 # ---------------------------------------------------------------- judge fixtures

@@ -43,7 +43,7 @@ def ttft(*args: str, env: dict | None = None, timeout: float = 300) -> subproces
 @pytest.fixture(scope="module")
 def run(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("endpoint")
-    p = ttft("--endpoint", server, "--quick", "--prompt-len", "512", "--num-requests", "8", "--out", str(out),
+    p = ttft("--endpoint", server, "--quick", "--prompt-len", "256", "--num-requests", "8", "--out", str(out),
              env={"OPENAI_API_KEY": SECRET})
     return p, out
 
@@ -195,15 +195,27 @@ def non_streaming():
     httpd.shutdown()
 
 
+def cli_main(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """`llmlab ARGS` in this process (the CLI's own error handling included): (exit code, stdout, stderr)."""
+    from llmlab import cli
+
+    monkeypatch.setattr(sys, "argv", ["llmlab", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
 @pytest.mark.parametrize("args, says", [
     (["--endpoint", "http://127.0.0.1:PORT"], "not reachable"),
     (["--endpoint", "http://127.0.0.1:PORT", "--concurrency", "0"], "--concurrency"),  # the flags are checked first
 ])
-def test_bad_input_exits_2_with_one_line(args, says, tmp_path):
+def test_bad_input_exits_2_with_one_line(args, says, tmp_path, capsys, monkeypatch):
     args = [a.replace("PORT", str(free_port())) for a in args]
-    p = ttft(*args, "--out", str(tmp_path), timeout=60)
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert p.returncode == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in p.stderr, p.stderr
+    code, _, err = cli_main(["ttft", *args, "--out", str(tmp_path)], capsys, monkeypatch)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("kw, says", [(dict(endpoint="ftp://127.0.0.1:1"), "http(s) URL"), (dict(concurrency=0), "--concurrency"),
@@ -217,10 +229,10 @@ def test_bad_options_are_value_errors_naming_the_flag(kw, says):
         Config(endpoint="http://127.0.0.1:1", **{k: v for k, v in kw.items() if k != "endpoint"}) if "endpoint" not in kw else Config(**kw)
 
 
-def test_a_server_that_does_not_stream_exits_2(non_streaming, tmp_path):
-    p = ttft("--endpoint", non_streaming, "--out", str(tmp_path), timeout=60)
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert p.returncode == 2 and len(lines) == 1 and "does not stream" in lines[0], p.stderr
+def test_a_server_that_does_not_stream_exits_2(non_streaming, tmp_path, capsys, monkeypatch):
+    code, _, err = cli_main(["ttft", "--endpoint", non_streaming, "--out", str(tmp_path)], capsys, monkeypatch)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "does not stream" in lines[0], err
 
 
 def test_every_request_failing_exits_3_and_still_saves(server, tmp_path):
@@ -238,7 +250,8 @@ def test_ctrl_c_keeps_what_was_measured(server, tmp_path):
                  if s.name == "llmlab:e2e_request_latency_seconds_count")
     proc = subprocess.Popen([sys.executable, "-m", "llmlab", "ttft", "--endpoint", server, "--quick", "--prompt-len", "64",
                              "--num-requests", "2000", "--concurrency", "1", "--out", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even under `make test &`
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # until the load part has finished a few requests
         done = sum(s.value for f in text_string_to_metric_families(httpx.get(server + "/metrics").text) for s in f.samples
@@ -272,9 +285,9 @@ def test_the_key_goes_only_into_the_header(monkeypatch):
     assert SECRET not in json.dumps(srv.card()) and SECRET not in repr(srv)
 
 
-def test_ttft_help_teaches_the_endpoint_options():
-    p = subprocess.run([sys.executable, "-m", "llmlab", "ttft", "--help"], capture_output=True, text=True,
-                       env={**os.environ, "COLUMNS": "200"}, timeout=60)
+def test_ttft_help_teaches_the_endpoint_options(capsys, monkeypatch):
+    code, out, _ = cli_main(["ttft", "--help"], capsys, monkeypatch)
+    assert code == 0
     for opt in ("--endpoint", "--concurrency", "--request-rate", "--burstiness", "--api-key-env", "--request-timeout", "--tokenizer"):
-        assert opt in p.stdout
+        assert opt in out
 

@@ -2,6 +2,12 @@
 
 `module(lab)` finds a lab's module by its command name; `judged(result)` re-judges a result
 (saved or fresh) with its lab's current judge and returns what the report needs.
+
+Optional hooks `cli.run_lab` calls when a lab defines them: `check(cfg)` before the run (raise
+UsageError: one line, exit 2; the ttft lab asks its --endpoint what it is), `headline(result, claims)`,
+`figures(result)` (the HTML report), and `exit_code(result) -> (code, message) | None` after the
+result is saved (the ttft lab's 3 when every request to an endpoint failed).
+Modules whose name starts with "_" are parts of a lab, not labs (`_ttft_endpoint`).
 """
 
 from __future__ import annotations

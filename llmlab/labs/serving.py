@@ -368,7 +368,8 @@ def part_endpoint(res, cfg: Config, vocab: int, rng) -> None:
                          p50_tpot_ms=m.p50_tpot_ms, error_rate=m.error_rate))
     res.add_table("concurrency", rows)
     res.skip("step_time", "the server's steps are not visible from a client")
-    res.skip("prefix", "not measured against an endpoint in this version")
+    res.skip("prefix", "a server's prefix cache cannot be switched off from outside: `llmlab ttft --endpoint URL` "
+                       "runs the prefix probe (one long prefix twice, checked against cache_n or the prefix counters)")
 
 
 def cost_rows(conc, price: float) -> list[dict]:
