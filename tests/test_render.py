@@ -146,16 +146,17 @@ def test_every_lab_quick_report_fits(lab, quick_run):
     _check_report(run.stdout, 80, lab)
     saved = run.json_path
     assert d["claims"] and all(c["id"].startswith(lab.replace("-", "_") + ".") for c in d["claims"])
-    for width in (80, 120):
-        shown = _cli("show", str(saved), columns=width)
-        assert shown.returncode == 0, shown.stderr
-        _check_report(shown.stdout, width, lab)
-        assert "verdict changed" not in shown.stderr  # re-judging the saved tables gives the saved verdicts
-    # the header of each view's table is never split inside a word, at 80 columns
+    # what `llmlab show` does with the saved file, in this process (a subprocess per width cost ~2-4 s a lab):
+    # re-judged, the saved tables give the saved verdicts; re-rendered, the report fits 80 and 120 columns
     from llmlab.labs import judged
 
     result = LabResult.from_json(saved.read_text())
-    _, views, _ = judged(result)
+    claims, views, headline = judged(result)
+    assert [(c.id, c.holds) for c in claims] == [(c["id"], c["holds"]) for c in d["claims"]]
+    for width in (80, 120):
+        text = "\n".join(line.plain for line in report_lines(result, width, views=views, headline=headline, saved=saved))
+        _check_report(text, width, lab)
+    # the header of each view's table is never split inside a word, at 80 columns
     for v in views:
         df = result.tables.get(v.table)
         if df is None or df.empty:
@@ -167,6 +168,15 @@ def test_every_lab_quick_report_fits(lab, quick_run):
             if set(line.plain.strip()) <= {"─", " "}:
                 break
             assert set(line.plain.split()) <= words, (lab, v.title, line.plain)
+
+
+def test_show_renders_a_saved_run_through_the_cli(quick_run):
+    """`llmlab show` end to end on one lab's saved quick run (every lab's saved run is re-rendered in-process above)."""
+    run = quick_run("kvcache-growth")
+    shown = _cli("show", str(run.json_path), columns=80)
+    assert shown.returncode == 0, shown.stderr
+    _check_report(shown.stdout, 80, "kvcache-growth")
+    assert "verdict changed" not in shown.stderr
 
 
 def test_show_rejects_what_is_not_a_result(tmp_path):
