@@ -203,6 +203,7 @@ def test_ctrl_c_during_a_lab_saves_what_was_measured_and_exits_130(tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
+    assert "judge failed" not in err  # a sweep cut mid-way is set aside, not a crash (CI once stopped here)
     saved = json.loads(next((tmp_path / "gpu-parallelism").glob("*.json")).read_text())
     assert saved["interrupted"] is True
     assert any(t["rows"] for t in saved["tables"].values())  # something measured before the interrupt was kept

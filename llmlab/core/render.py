@@ -107,6 +107,8 @@ def table_lines(df: pd.DataFrame, cols: Iterable[Col], width: int, max_rows: int
     dropped from the right (the first one is always kept).
     """
     cols = [c for c in cols if c.key in df.columns]
+    if not cols:  # e.g. a view's rows() found nothing complete in a run stopped by Ctrl-C
+        return [Text(INDENT + "(no complete rows)", style="dim")], 0
     shown = df if max_rows is None else df.head(max_rows)
     cells = [[_cut(fmt(v, c.fmt), c.width) for v in shown[c.key].tolist()] for c in cols]
     numeric = [pd.api.types.is_numeric_dtype(df[c.key]) and c.fmt != "text" for c in cols]

@@ -13,6 +13,7 @@ Modules whose name starts with "_" are parts of a lab, not labs (`_ttft_endpoint
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from types import ModuleType
 
 
@@ -28,13 +29,36 @@ def judged(result, mod: ModuleType | None = None):
     shows its tables in full.
     """
     mod = mod or module(result.lab)
-    try:
-        claims = mod.judge(result) if hasattr(mod, "judge") else result.claims
-    except (KeyError, IndexError, ValueError, AttributeError):
-        if not result.interrupted:
-            raise
-        claims = []  # an interrupted run may lack the tables a verdict needs: judge nothing rather than guess
-        result.note("not judged: the run was interrupted before the tables the claims need were measured")
+    if not hasattr(mod, "judge"):
+        claims, basis = result.claims, result
+    elif not result.interrupted:
+        claims, basis = mod.judge(result), result
+    else:
+        claims, basis = _judge_partial(result, mod)
     views = mod.views(result) if hasattr(mod, "views") else None
-    headline = mod.headline(result, claims) if hasattr(mod, "headline") else ""
+    headline = mod.headline(basis, claims) if hasattr(mod, "headline") else ""
     return claims, views, headline
+
+
+def _judge_partial(result, mod: ModuleType):
+    """Judge an interrupted run: the table being filled when Ctrl-C came may hold a part of its rows, which
+    a verdict must not read as a full sweep. Set tables aside, the newest first, until the judge runs on
+    the rest; the report keeps every table and says which ones no verdict used."""
+    names = list(result.tables)
+    for cut in range(len(names) + 1):
+        kept = names[:len(names) - cut]
+        basis = replace(result, tables={n: result.tables[n] for n in kept}, claims=[], notes=[])
+        try:
+            claims = mod.judge(basis)
+            if hasattr(mod, "headline"):
+                mod.headline(basis, claims)
+        except Exception:
+            if not kept:
+                raise  # the judge fails without any table: a bug in it, not a partial table
+            continue
+        aside = names[len(kept):]
+        if aside:
+            result.note(f"not judged from {', '.join(aside)}: the run was interrupted while "
+                        f"{'it was' if len(aside) == 1 else 'they were'} being measured")
+        return claims, basis
+    raise AssertionError("unreachable")

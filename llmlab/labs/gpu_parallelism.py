@@ -800,6 +800,8 @@ def _launch_rows(df: pd.DataFrame) -> pd.DataFrame:
     """One row per device and thread count: the loop, the bmm, and the speed-up."""
     rows = []
     for (dev, threads), g in df.groupby(["device", "threads"], dropna=False, sort=False):
+        if not {"loop of mm", "one bmm"} <= set(g.way):
+            continue  # a run stopped between the two
         loop, bmm = (float(g[g.way == w]["median_ms"].iloc[0]) for w in ("loop of mm", "one bmm"))
         overhead = 1e3 * (loop - bmm) / float(g["count"].iloc[0])
         rows.append(dict(device=dev, threads=threads, loop_ms=loop, bmm_ms=bmm, speedup=loop / bmm, overhead_us=overhead))

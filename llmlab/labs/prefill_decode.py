@@ -465,6 +465,9 @@ def judge(result: LabResult) -> list[Claim]:
 
     T = result.tables
     claims = []
+    has = {n for n, t in T.items() if len(t)}  # a part not measured (or cut short by Ctrl-C) gives no verdict
+    if not {"roofs", "intensity"} <= has:
+        return claims + _later_claims(T, has, None)
     inten = _first_model(T["intensity"])
     peak, bw = _roof(T, "compute"), _roof(T, "bandwidth")
     ridge = peak / bw
@@ -487,19 +490,27 @@ def judge(result: LabResult) -> list[Claim]:
                         holds, note=_decode_bound(T, m)))
 
     # 3. tokens/s ratio: at least half the roofline's (decode on the bandwidth roof, prefill on its roof)
-    ph = _first_model(T["phases"]).sort_values("tokens").iloc[-1]
-    napkin = float(ph["tokens"]) * (float(dec["bytes"]) / bw / 1e6) / float(pre["roof_ms"])
-    claims.append(Claim("prefill_decode.prefill_tokens_per_s_ratio",
-                        f"prefill makes far more tokens/s than decode (T={int(ph['tokens'])})",
-                        f"~{napkin:.0f}x (roofline)",
-                        f"{ph['ratio']:.0f}x ({ph['prefill_tok_s']:.0f} vs {ph['decode_tok_s']:.1f} tok/s)",
-                        ph["ratio"] >= 0.5 * napkin, note="under half the roofline's ratio: prefill runs far below its roof"))
+    if "phases" in has:
+        ph = _first_model(T["phases"]).sort_values("tokens").iloc[-1]
+        napkin = float(ph["tokens"]) * (float(dec["bytes"]) / bw / 1e6) / float(pre["roof_ms"])
+        claims.append(Claim("prefill_decode.prefill_tokens_per_s_ratio",
+                            f"prefill makes far more tokens/s than decode (T={int(ph['tokens'])})",
+                            f"~{napkin:.0f}x (roofline)",
+                            f"{ph['ratio']:.0f}x ({ph['prefill_tok_s']:.0f} vs {ph['decode_tok_s']:.1f} tok/s)",
+                            ph["ratio"] >= 0.5 * napkin, note="under half the roofline's ratio: prefill runs far below its roof"))
+    return claims + _later_claims(T, has, ridge)
 
+
+def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None) -> list[Claim]:
+    from llmlab.core.results import Claim
+
+    claims = []
     # 4. the crossover batch
-    claims.append(_crossover_claim(T.get("crossover"), ridge))
+    if ridge is not None:
+        claims.append(_crossover_claim(T.get("crossover"), ridge))
 
     # 5. TTFT grows with T, ITL barely does
-    ph1 = _first_model(T["phases"]).sort_values("tokens")
+    ph1 = _first_model(T["phases"]).sort_values("tokens") if "phases" in has else ()
     cid = "prefill_decode.ttft_grows_itl_flat"
     if len(ph1) >= 2:
         a, b = ph1.iloc[0], ph1.iloc[-1]
@@ -523,11 +534,12 @@ def judge(result: LabResult) -> list[Claim]:
                             abs(w["error"]) <= E2E_TOL, note="parts and whole timed apart: a busy CPU moves them"))
 
     # 7. the FLOP formula against FlopCounterMode
-    fc = T["flop_check"]
-    w = fc.loc[(fc["ratio"] - 1).abs().idxmax()]
-    claims.append(Claim("prefill_decode.flops_formula", "FLOPs from the shape = FlopCounterMode's count",
-                        f"within {FLOP_TOL:.0%}", f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
-                        abs(w["ratio"] - 1) <= FLOP_TOL, note="the formula misses (or adds) an op the model runs"))
+    if "flop_check" in has:
+        fc = T["flop_check"]
+        w = fc.loc[(fc["ratio"] - 1).abs().idxmax()]
+        claims.append(Claim("prefill_decode.flops_formula", "FLOPs from the shape = FlopCounterMode's count",
+                            f"within {FLOP_TOL:.0%}", f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
+                            abs(w["ratio"] - 1) <= FLOP_TOL, note="the formula misses (or adds) an op the model runs"))
 
     # 8. disaggregation: moving the KV costs less than recomputing it; the interference it removes is not measured
     dis = T.get("disagg")
@@ -655,12 +667,15 @@ def _by_tokens(df: pd.DataFrame) -> pd.DataFrame:
     df = _first_model(df)
     out = df.drop_duplicates("tokens")[["tokens", "kv_bytes", "prefill_ms", "itl_ms"]].reset_index(drop=True)
     for i, link in enumerate(dict.fromkeys(df["link"])):
-        out[f"us_{i}"] = df[df["link"] == link]["transfer_us"].to_numpy()
+        g = df[df["link"] == link]
+        out[f"us_{i}"] = out["tokens"].map(dict(zip(g["tokens"], g["transfer_us"], strict=True)))
     return out
 
 
 def headline(result: LabResult, claims: list[Claim]) -> str:
     """The ratio of the two phases, and what bounds decode here."""
+    if not len(result.tables.get("phases", ())):
+        return ""
     ph = _first_model(result.tables["phases"]).sort_values("tokens").iloc[-1]
     text = (f"{ph['model']}: prefill (T={int(ph['tokens'])}) makes {ph['ratio']:.0f}x the tokens/s of decode "
             f"({ph['prefill_tok_s']:.0f} vs {ph['decode_tok_s']:.1f}).")

@@ -769,7 +769,8 @@ def _best_threads(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def views(result: LabResult) -> list[View]:
-    dtype = str(result.tables["intensity_sweep"]["dtype"].iloc[0]) if "intensity_sweep" in result.tables else "fp32"
+    sweep = result.tables.get("intensity_sweep")
+    dtype = str(sweep["dtype"].iloc[0]) if sweep is not None and len(sweep) else "fp32"
     out = [
         View("1. Bandwidth roof", "How many GB/s do STREAM kernels get over buffers 8x the cache?", "bandwidth",
              (Col("kernel", "kernel", "text"), Col("threads", "threads", "int"), Col("median_GBps", "GB/s median", ".1f"),

@@ -472,7 +472,10 @@ def confidence_quarters(df):
     """sure_vs_unsure (T rows) -> 4 rows: the positions by quarter of the top token's probability, median kept counts."""
     import pandas as pd
 
-    q = pd.qcut(df["top_prob"].rank(method="first"), 4, labels=["least sure", "2nd", "3rd", "most sure"])
+    if len(df) < 4:  # too few positions (a run stopped early) for quarters
+        q = pd.Series("all", index=df.index)
+    else:
+        q = pd.qcut(df["top_prob"].rank(method="first"), 4, labels=["least sure", "2nd", "3rd", "most sure"])
     g = df.groupby(q, observed=True)
     out = g[["top_prob", "kept_top_k", "kept_top_p", "kept_min_p"]].median()
     out["positions"] = g.size()
