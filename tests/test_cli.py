@@ -1,4 +1,7 @@
-"""The CLI end to end: --help, env --json, bad input -> exit 2 with one line, run_lab plumbing."""
+"""The CLI end to end: --help, env --json, bad input -> exit 2 with one line, run_lab plumbing.
+
+Bad input and --help go through cli.main() in this process (the `cli` fixture, tests/conftest.py): a subprocess
+re-imports torch and transformers each time. One bad-input check stays a real `python -m llmlab` process."""
 
 from __future__ import annotations
 
@@ -20,20 +23,20 @@ def llmlab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llmlab", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def assert_one_line_error(p: subprocess.CompletedProcess) -> None:
+def assert_one_line_error(p: subprocess.CompletedProcess | types.SimpleNamespace) -> None:
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr and lines[0].startswith("error:")
 
 
-def test_help_lists_env():
-    p = llmlab("--help")
+def test_help_lists_env(cli):
+    p = cli("--help")
     assert p.returncode == 0 and "env" in p.stdout
 
 
-def test_env_json_is_the_device_card():
-    p = llmlab("env", "--json", "--seconds", "0.2")
+def test_env_json_is_the_device_card(cli):
+    p = cli("env", "--json", "--seconds", "0.2")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["device"]["device"] in ("cpu", "cuda:0")
@@ -51,16 +54,16 @@ def test_env_json_is_the_device_card():
         ["env", "--no-such-option"],
     ],
 )
-def test_bad_input_exits_2_with_one_line(args):
-    assert_one_line_error(llmlab(*args))
+def test_bad_input_exits_2_with_one_line(args, cli):
+    assert_one_line_error(cli(*args))
 
 
-def test_device_cuda_without_cuda_exits_2():
+def test_device_cuda_without_cuda_exits_2(cli):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert_one_line_error(llmlab("env", "--device", "cuda"))
+    assert_one_line_error(cli("env", "--device", "cuda"))
 
 
 # ---------------------------------------------------------------- run_lab, with a stand-in lab module
@@ -151,14 +154,20 @@ def test_run_lab_unwritable_out_refuses_before_measuring(standin):
         ["--out", "/nonexistent-parent/results"],
     ],
 )
-def test_lab_common_bad_input_exits_2(args):
+def test_lab_common_bad_input_exits_2(args, cli):
     device = [] if {"--device", "--gpu"} & set(args) else ["--device", "cpu"]
-    assert_one_line_error(llmlab("gpu-parallelism", "--quick", *device, *args))
+    assert_one_line_error(cli("gpu-parallelism", "--quick", *device, *args))
 
 
-def test_every_lab_has_a_teaching_help():
+def test_lab_bad_input_exits_2_in_a_real_process():
+    """The one bad-input check through `python -m llmlab` itself: the lab module is imported, run_lab refuses the
+    device, and the entry point prints one line and exits 2 (every other bad-input test runs cli.main in-process)."""
+    assert_one_line_error(llmlab("gpu-parallelism", "--quick", "--device", "tpu"))
+
+
+def test_every_lab_has_a_teaching_help(cli):
     for lab in ("gpu-parallelism", "roofline", "kvcache-growth", "samplers", "ttft-breakdown", "ttft", "speculative"):
-        p = llmlab(lab, "--help")
+        p = cli(lab, "--help")
         assert p.returncode == 0, (lab, p.stderr)
         assert "--quick" in p.stdout and "--device" in p.stdout and "--json" in p.stdout
 

@@ -4,8 +4,6 @@ the thread-count restore, config validation, an in-process run, and the CLI end 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -197,10 +195,6 @@ def test_views_have_their_columns():
     assert list(lo["speedup"]) == [5.0, 5.0, 20.0] and lo["overhead_us"].iloc[0] == pytest.approx(1e3 * 4 / 256)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmlab", "gpu-parallelism", *args], capture_output=True, text=True, timeout=300)
-
-
 def test_cli_quick_end_to_end(quick_run):
     d = quick_run("gpu-parallelism").data
     assert d["lab"] == "gpu-parallelism" and d["env"]["quick"] is True
@@ -215,8 +209,8 @@ def test_cli_quick_end_to_end(quick_run):
 
 
 @pytest.mark.parametrize("args", [("--only", "nope"), ("--conv-batch", "0"), ("--device", "cuda:99")])
-def test_cli_bad_input_exits_2_with_one_line(args):
-    p = _cli(*args, "--no-save")
+def test_cli_bad_input_exits_2_with_one_line(args, cli):
+    p = cli("gpu-parallelism", *args, "--no-save")
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -276,9 +273,8 @@ def test_cli_quick_end_to_end(quick_run):
 
 
 @pytest.mark.parametrize("args", [["--cache-dtype", "int3"], ["--model", "no-such-model"]])
-def test_bad_input_exits_2_with_one_line(args):
-    p = subprocess.run([sys.executable, "-m", "llmlab", "kvcache-growth", *args, "--no-save"],
-                       capture_output=True, text=True, timeout=120)
+def test_bad_input_exits_2_with_one_line(args, cli):
+    p = cli("kvcache-growth", *args, "--no-save")
     assert p.returncode == 2
     errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in p.stderr

@@ -5,9 +5,6 @@ input, and one --quick run through the CLI."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pandas as pd
@@ -220,12 +217,6 @@ def test_lengths_beyond_the_context_are_clamped_with_a_note():
 # ---------------------------------------------------------------- the CLI
 
 
-def llmlab(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "80"}
-    return subprocess.run([sys.executable, "-m", "llmlab", "prefill-decode", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 @pytest.mark.parametrize("kw", [dict(prompt_lens=()), dict(prompt_lens=(0, 16)), dict(prompt_lens=(-5,)),
                                 dict(batch_sizes=(0,)), dict(batch_sizes=()), dict(output_lens=(1,)), dict(link_GBps=-1.0),
                                 dict(models=())])
@@ -238,8 +229,8 @@ def test_config_refuses_bad_values(kw):
     ["--prompt-lens", ""], ["--prompt-lens", "abc"], ["--batch-sizes", "0"], ["--prompt-lens", "100000"],
     ["--link-GBps", "-1"],
 ])
-def test_bad_input_exits_2_with_one_line(args):
-    p = llmlab(*args, "--quick", "--no-save", "--device", "cpu", timeout=120)
+def test_bad_input_exits_2_with_one_line(args, cli):
+    p = cli("prefill-decode", *args, "--quick", "--no-save", "--device", "cpu")  # in this process: tests/conftest.py
     assert p.returncode == 2, (p.returncode, p.stderr[-500:])
     lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("device:")]
     assert len(lines) == 1 and "error" in lines[0].lower(), p.stderr

@@ -179,12 +179,12 @@ def test_show_renders_a_saved_run_through_the_cli(quick_run):
     assert "verdict changed" not in shown.stderr
 
 
-def test_show_rejects_what_is_not_a_result(tmp_path):
+def test_show_rejects_what_is_not_a_result(tmp_path, cli):
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    p = _cli("show", str(bad), columns=80)
+    p = cli("show", str(bad), columns=80)
     assert p.returncode == 2 and p.stderr.startswith("error:") and len(p.stderr.strip().splitlines()) == 1
-    p = _cli("show", str(tmp_path / "missing.json"), columns=80)
+    p = cli("show", str(tmp_path / "missing.json"), columns=80)
     assert p.returncode == 2 and "cannot read" in p.stderr
 
 

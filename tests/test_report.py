@@ -262,16 +262,15 @@ def test_matplotlib_is_imported_only_when_drawing():
     assert p.stdout.strip() == "False"
 
 
-def test_cli_report_writes_the_page_and_a_missing_folder_exits_2(tmp_path):
+def test_cli_report_writes_the_page_and_a_missing_folder_exits_2(tmp_path, cli):
     (tmp_path / "roofline").mkdir()
     (tmp_path / "roofline" / "broken.json").write_text("not json")
-    p = subprocess.run([sys.executable, "-m", "llmlab", "report", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    p = cli("report", str(tmp_path))  # in this process (tests/conftest.py): no lab runs, one page written
     assert p.returncode == 0, p.stderr
     assert "1 file(s) skipped" in p.stderr
     page = (tmp_path / "report.html").read_text()
     assert "No lab runs found" in page and "broken.json" in page
-    p = subprocess.run([sys.executable, "-m", "llmlab", "report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html")],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    p = cli("report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html"))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "not a folder" in p.stderr
     assert not (tmp_path / "x.html").exists()
 

@@ -4,8 +4,6 @@ references, the knee estimators on synthetic data, and one end-to-end CLI run.""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -353,11 +351,6 @@ def test_bench_c_triad_builds_and_computes_the_triad(tmp_path):
 # ---------------------------------------------------------------- end to end
 
 
-def _cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "llmlab", "roofline", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-
-
 def test_cli_quick_end_to_end(quick_run):
     d = quick_run("roofline").data
     tables = d["tables"]
@@ -374,10 +367,10 @@ def test_cli_quick_end_to_end(quick_run):
     assert next(c for c in d["claims"] if c["id"] == "roofline.bandwidth_vs_spec")["holds"] is None  # no CPU bandwidth spec
     assert d["skipped"]  # the GPU roofs, with why
 @pytest.mark.parametrize("args,needle", [(["--gpu", "0"], "GPU 0"), (["--device", "cpu", "--dtype", "int8"], "dtype")])
-def test_cli_bad_input_exits_2_with_one_line(args, needle):
+def test_cli_bad_input_exits_2_with_one_line(args, needle, cli):
     if args[:2] == ["--gpu", "0"] and torch.cuda.is_available():
         pytest.skip("this machine has a GPU 0")
-    p = _cli(*args, "--no-save", timeout=60)
+    p = cli("roofline", *args, "--no-save")
     assert p.returncode == 2
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr

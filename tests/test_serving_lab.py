@@ -109,11 +109,7 @@ def test_bad_config_is_refused(kw):
 
 @pytest.mark.parametrize("args", [["--max-concurrency", "0"], ["--kv-blocks", "1"], ["--price-per-hour", "-1"],
                                   ["--endpoint", "http://127.0.0.1:9"], ["--endpoint", "ftp://x"]])
-def test_bad_input_exits_2_with_one_line(args):
-    import subprocess
-    import sys
-
-    p = subprocess.run([sys.executable, "-m", "llmlab", "serving", "--quick", "--device", "cpu", "--no-save", *args],
-                       capture_output=True, text=True, timeout=120)
+def test_bad_input_exits_2_with_one_line(args, cli):
+    p = cli("serving", "--quick", "--device", "cpu", "--no-save", *args)  # refused before the lab loads anything
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), p.stderr

@@ -4,8 +4,7 @@ reason, `--quick --json` end to end through the CLI, and bad input exiting 2."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import types
 
 import pandas as pd
 import pytest
@@ -146,11 +145,6 @@ def test_headline_says_lookup_misses_because_the_model_does_not_copy():
     assert "does not copy" not in lab.headline(_fixture(), [])  # a model that copies: nothing to explain
 
 
-def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmlab", "speculative", *args], capture_output=True, text=True,
-                          timeout=timeout, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-
-
 def test_quick_json_end_to_end(quick_run):
     d = quick_run("speculative").data  # the session's one quick run (tests/conftest.py)
     assert d["lab"] == "speculative" and not d["interrupted"] and d["judge_version"] == lab.JUDGE_VERSION
@@ -187,7 +181,7 @@ def test_quick_json_end_to_end(quick_run):
     assert all(r["samples"] == q.dist_samples and r["passes"] for r in rows("distribution"))
 
 
-def _assert_usage_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+def _assert_usage_error(r: types.SimpleNamespace, *needles: str) -> None:
     assert r.returncode == 2, (r.returncode, r.stderr)
     err = r.stderr.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
@@ -199,17 +193,17 @@ def _assert_usage_error(r: subprocess.CompletedProcess, *needles: str) -> None:
     (("--gamma", "0"), "--gamma"),
     (("--temperature", "-0.5"), "--temperature"),
 ])
-def test_bad_input_exits_2(args, needle):
-    _assert_usage_error(_cli("--device", "cpu", "--no-save", *args), needle)
+def test_bad_input_exits_2(args, needle, cli):
+    _assert_usage_error(cli("speculative", "--device", "cpu", "--no-save", *args), needle)
 
 
-def test_draft_with_another_vocabulary_exits_2(tmp_path):
+def test_draft_with_another_vocabulary_exits_2(tmp_path, cli):
     from llmlab.core.models import builtin_path
 
     cfg = json.loads((builtin_path("tiny-draft") / "config.json").read_text())
     cfg["vocab_size"] = 100
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    _assert_usage_error(_cli("--device", "cpu", "--no-save", "--draft", str(tmp_path)), "100", "4096")
+    _assert_usage_error(cli("speculative", "--device", "cpu", "--no-save", "--draft", str(tmp_path)), "100", "4096")
 
 
 def test_config_validation():

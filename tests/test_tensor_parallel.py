@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -118,9 +116,8 @@ def test_predicted_comm_interpolates_the_sweep():
 # ---------------------------------------------------------------- bad input -> exit 2
 
 
-def test_nproc_1_explains_and_exits_2():
-    p = subprocess.run([sys.executable, "-m", "llmlab", "tensor-parallel", "--nproc", "1", "--no-save"],
-                       capture_output=True, text=True, timeout=120)
+def test_nproc_1_explains_and_exits_2(cli):
+    p = cli("tensor-parallel", "--nproc", "1", "--no-save")  # Config refuses it: no rank starts
     assert p.returncode == 2, p.stderr
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "at least 2 ranks" in lines[0] and "Traceback" not in p.stderr

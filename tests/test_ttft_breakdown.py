@@ -6,8 +6,6 @@ end (values, report size, unit names) and its bad inputs."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 import time
 from contextlib import nullcontext
 
@@ -377,10 +375,6 @@ def test_headline_names_the_dominant_layer():
 # ---------------------------------------------------------------- the CLI
 
 
-def _cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "llmlab", *args], capture_output=True, text=True, timeout=timeout)
-
-
 CLAIM_IDS = ["ttft_breakdown.phases_sum_to_ttft", "ttft_breakdown.attribution", "ttft_breakdown.prefill_rate_vs_napkin",
              "ttft_breakdown.queue_knee", "ttft_breakdown.fcfs_worker_overhead", "ttft_breakdown.cold_start_ratio",
              "ttft_breakdown.rag_prefill_over_retrieval"]
@@ -459,13 +453,13 @@ def test_waterfall_figure():
 
 
 @pytest.mark.parametrize("args", [("--prompt-len", "0"), ("--prompt-len", "-5"), ("--rate", "0"), ("--rate", "-2")])
-def test_cli_bad_input_exits_2(args):
-    p = _cli("ttft-breakdown", "--device", "cpu", "--no-save", *args, timeout=120)
+def test_cli_bad_input_exits_2(args, cli):
+    p = cli("ttft-breakdown", "--device", "cpu", "--no-save", *args)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
-def test_both_names_have_help():
+def test_both_names_have_help(cli):
     for name in ("ttft", "ttft-breakdown"):
-        p = _cli(name, "--help", timeout=60)
+        p = cli(name, "--help")
         assert p.returncode == 0 and "--prompt-len" in p.stdout

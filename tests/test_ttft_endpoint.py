@@ -195,25 +195,14 @@ def non_streaming():
     httpd.shutdown()
 
 
-def cli_main(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    """`llmlab ARGS` in this process (the CLI's own error handling included): (exit code, stdout, stderr)."""
-    from llmlab import cli
-
-    monkeypatch.setattr(sys, "argv", ["llmlab", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
-
-
 @pytest.mark.parametrize("args, says", [
     (["--endpoint", "http://127.0.0.1:PORT"], "not reachable"),
     (["--endpoint", "http://127.0.0.1:PORT", "--concurrency", "0"], "--concurrency"),  # the flags are checked first
 ])
-def test_bad_input_exits_2_with_one_line(args, says, tmp_path, capsys, monkeypatch):
+def test_bad_input_exits_2_with_one_line(args, says, tmp_path, cli):
     args = [a.replace("PORT", str(free_port())) for a in args]
-    code, _, err = cli_main(["ttft", *args, "--out", str(tmp_path)], capsys, monkeypatch)
+    r = cli("ttft", *args, "--out", str(tmp_path), columns=200)
+    code, err = r.returncode, r.stderr
     lines = [x for x in err.splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
 
@@ -229,8 +218,9 @@ def test_bad_options_are_value_errors_naming_the_flag(kw, says):
         Config(endpoint="http://127.0.0.1:1", **{k: v for k, v in kw.items() if k != "endpoint"}) if "endpoint" not in kw else Config(**kw)
 
 
-def test_a_server_that_does_not_stream_exits_2(non_streaming, tmp_path, capsys, monkeypatch):
-    code, _, err = cli_main(["ttft", "--endpoint", non_streaming, "--out", str(tmp_path)], capsys, monkeypatch)
+def test_a_server_that_does_not_stream_exits_2(non_streaming, tmp_path, cli):
+    r = cli("ttft", "--endpoint", non_streaming, "--out", str(tmp_path), columns=200)
+    code, err = r.returncode, r.stderr
     lines = [x for x in err.splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and "does not stream" in lines[0], err
 
@@ -285,8 +275,9 @@ def test_the_key_goes_only_into_the_header(monkeypatch):
     assert SECRET not in json.dumps(srv.card()) and SECRET not in repr(srv)
 
 
-def test_ttft_help_teaches_the_endpoint_options(capsys, monkeypatch):
-    code, out, _ = cli_main(["ttft", "--help"], capsys, monkeypatch)
+def test_ttft_help_teaches_the_endpoint_options(cli):
+    r = cli("ttft", "--help", columns=200)
+    code, out = r.returncode, r.stdout
     assert code == 0
     for opt in ("--endpoint", "--concurrency", "--request-rate", "--burstiness", "--api-key-env", "--request-timeout", "--tokenizer"):
         assert opt in out
