@@ -282,3 +282,29 @@ def test_ttft_help_teaches_the_endpoint_options(cli):
     for opt in ("--endpoint", "--concurrency", "--request-rate", "--burstiness", "--api-key-env", "--request-timeout", "--tokenizer"):
         assert opt in out
 
+
+
+def test_the_endpoint_is_asked_once_per_run(monkeypatch):
+    """check() asks the server what it is before the run; run_parts() takes that answer instead of asking again."""
+    from types import SimpleNamespace
+
+    from llmlab.core.results import LabResult
+    from llmlab.labs import _ttft_endpoint, ttft_breakdown
+    from llmlab.serving import probe
+
+    class Stop(Exception):
+        pass
+
+    def card():
+        raise Stop  # the first thing run_parts does with the server: far enough to see which one it used
+
+    asked = []
+    monkeypatch.setattr(probe, "discover", lambda *key: asked.append(key) or SimpleNamespace(card=card))
+    cfg = ttft_breakdown.Config(endpoint="http://127.0.0.1:1")
+    ttft_breakdown.check(cfg)
+    with pytest.raises(Stop):
+        _ttft_endpoint.run_parts(cfg, LabResult.new("ttft-breakdown", 1, cfg), None)
+    assert asked == [("http://127.0.0.1:1", cfg.model, cfg.api_key_env)]
+    with pytest.raises(Stop):  # a run without check() first still asks
+        _ttft_endpoint.run_parts(cfg, LabResult.new("ttft-breakdown", 1, cfg), None)
+    assert len(asked) == 2

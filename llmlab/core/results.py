@@ -57,6 +57,11 @@ def find(claims: list[Claim], claim_id: str) -> Claim:
     raise KeyError(f"no claim {claim_id!r}; there are: {', '.join(c.id for c in claims)}")
 
 
+def empty_table(df: pd.DataFrame | None) -> bool:
+    """A table that was not measured (None) or has no rows: judges give no verdict from it."""
+    return df is None or len(df) == 0
+
+
 @dataclass(frozen=True)
 class Col:
     """One column of a view: the table's column `key` under a human `header` with its unit.

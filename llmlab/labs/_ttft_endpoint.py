@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from llmlab.core.render import track
-from llmlab.core.results import Chart, Claim, Col, LabResult, View
+from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
 from llmlab.inference import serving
 from llmlab.serving import probe
 from llmlab.serving.client import RequestRecord, calculate_metrics, run_load
@@ -74,8 +74,19 @@ class Rows:
             self.res.add_table("prefix_probe", self.probe)
 
 
+_FOUND: dict[tuple, probe.Server] = {}  # what check() found, for the run that follows it
+
+
+def discover(cfg) -> probe.Server:
+    """Ask --endpoint what it is (UsageError, exit 2, when it cannot serve the run); the ttft lab's check()
+    calls it before the run, and run_parts() takes the answer instead of asking again."""
+    key = (cfg.endpoint, cfg.model, cfg.api_key_env)
+    _FOUND[key] = probe.discover(*key)  # its own timeouts: --request-timeout is the requests'
+    return _FOUND[key]
+
+
 def run_parts(cfg, res: LabResult, progress) -> None:
-    srv = probe.discover(cfg.endpoint, cfg.model, cfg.api_key_env)  # its own timeouts: --request-timeout is the requests'
+    srv = _FOUND.pop((cfg.endpoint, cfg.model, cfg.api_key_env), None) or discover(cfg)
     res.env["server"] = srv.card()
     for n in srv.notes:
         res.note(n)
@@ -145,7 +156,7 @@ async def _measure(cfg, srv: probe.Server, count, rows: Rows, res: LabResult, pr
             salt = prompts.salt()
             pair = [await one(f"prefix {i + 1}", top, 2, prompt=await prompts.make(c, top, salt, tail=f"\nQuestion {i + 1}:"))
                     for i in range(2)]
-            rows.probe.append(_probe_row(k, top, *pair))
+            rows.probe.append(_probe_row(k, *pair))
             rows.flush()
     if cfg.load_requests:
         payloads = []
@@ -164,7 +175,7 @@ async def _measure(cfg, srv: probe.Server, count, rows: Rows, res: LabResult, pr
         rows.add_load(alone_len)
 
 
-def _probe_row(k: int, n: int, first: dict, second: dict) -> dict:
+def _probe_row(k: int, first: dict, second: dict) -> dict:
     ok = first["error"] is None and second["error"] is None
     return {"pair": k + 1, "prompt_tokens": second["prompt_tokens"], "first_ttft_ms": first["ttft_ms"],
             "second_ttft_ms": second["ttft_ms"], "drop": 1 - second["ttft_ms"] / first["ttft_ms"] if ok else math.nan,
@@ -262,13 +273,9 @@ def judge(result: LabResult) -> list[Claim]:
             _slopes(t.get("endpoint_fit")), _prefix(t.get("prefix_probe"))]
 
 
-def _empty(df) -> bool:
-    return df is None or len(df) == 0
-
-
 def _errors(req) -> Claim:
     cid, text = "ttft_breakdown.endpoint_no_failed_requests", "Every request to the server completed"
-    if _empty(req):
+    if empty_table(req):
         return Claim(cid, text, "0 failed", "no requests", None, "no request was sent")
     bad = req[req["error"].notna()]
     first = f"; first: {bad['error'].iloc[0][:60]}" if len(bad) else ""
@@ -279,7 +286,7 @@ def _errors(req) -> Claim:
 def _within(req) -> Claim:
     cid, text = "ttft_breakdown.endpoint_phases_within_ttft", "Harness check: the server's queue + prefill fit inside the client's TTFT"
     exp = "queue + prefill <= TTFT, every request"
-    rep = None if _empty(req) else req[req["error"].isna() & req["prefill_ms"].notna()]
+    rep = None if empty_table(req) else req[req["error"].isna() & req["prefill_ms"].notna()]
     if rep is None or not len(rep):
         return Claim(cid, text, exp, "not reported", None, "the server reports no phases (no timings, no vLLM-style /metrics)")
     gap = rep["client_net_ms"].astype(float)
@@ -290,7 +297,7 @@ def _within(req) -> Claim:
 def _linear(fit) -> Claim:
     cid, text = "ttft_breakdown.endpoint_ttft_linear_in_prompt", "TTFT grows linearly with the prompt: TTFT = a + b T"
     exp = f"within {FIT_REL:.0%} at every length"
-    if _empty(fit) or fit.iloc[0]["points"] < 3 or pd.isna(fit.iloc[0].get("worst_rel_err", math.nan)):
+    if empty_table(fit) or fit.iloc[0]["points"] < 3 or pd.isna(fit.iloc[0].get("worst_rel_err", math.nan)):
         return Claim(cid, text, exp, "fewer than 3 lengths", None, "needs 3+ prompt lengths (--prompt-len, sweep points)")
     f = fit.iloc[0]
     return Claim(cid, text, exp, f"a {f['a_ms']:.1f} ms + T / {f['tok_per_s']:,.0f} tok/s; worst {f['worst_rel_err']:.0%} off",
@@ -301,7 +308,7 @@ def _linear(fit) -> Claim:
 def _slopes(fit) -> Claim:
     cid, text = "ttft_breakdown.endpoint_slope_is_prefill", "The prompt costs prefill, not network: TTFT's slope = the server's prefill slope"
     exp = f"within {SLOPE_TOL:.0%}"
-    if _empty(fit) or "server_b_ms_per_tok" not in fit or pd.isna(fit.iloc[0]["server_b_ms_per_tok"]):
+    if empty_table(fit) or "server_b_ms_per_tok" not in fit or pd.isna(fit.iloc[0]["server_b_ms_per_tok"]):
         return Claim(cid, text, exp, "not reported", None, "the server reports no prefill time")
     f = fit.iloc[0]
     r = f["b_ms_per_tok"] / f["server_b_ms_per_tok"]
@@ -312,7 +319,7 @@ def _slopes(fit) -> Claim:
 def _prefix(pp) -> Claim:
     cid, text = "ttft_breakdown.endpoint_prefix_reuse", "A repeated prefix is served from the server's prefix cache"
     exp = f"2nd TTFT >= {PREFIX_DROP:.0%} lower; cached >= {PREFIX_SHARE:.0%} of the prefix where reported"
-    ok = None if _empty(pp) else pp[pp["error"].isna()]
+    ok = None if empty_table(pp) else pp[pp["error"].isna()]
     if ok is None or not len(ok):
         return Claim(cid, text, exp, "no probe", None, "no prefix probe completed")
     drop = float(ok["drop"].median())
@@ -348,7 +355,7 @@ def views(result: LabResult) -> list[View]:
              "metric_definitions", (Col("tool", "tool", "text", 22), Col("metric", "metric", "text", 26), Col("value_ms", "ms", ",.2f"))),
     ]
     req = result.tables.get("endpoint_requests")
-    if not _empty(req) and req["error"].notna().any():
+    if not empty_table(req) and req["error"].notna().any():
         out.append(View("6. Failed requests", "Which requests failed, and why?", "endpoint_requests",
                         (Col("scenario", "scenario", "text", 12), Col("prompt_tokens", "prompt tok", "int"), Col("error", "error", "text", 50)),
                         rows=lambda df: df[df["error"].notna()], max_rows=6))
@@ -357,7 +364,7 @@ def views(result: LabResult) -> list[View]:
 
 def _source(result: LabResult) -> str:
     req = result.tables.get("endpoint_requests")
-    if _empty(req):
+    if empty_table(req):
         return "none"
     src = sorted(set(req["phases_from"].dropna()) - {"not reported"})
     return "from " + " and ".join(src) if src else "not reported"
@@ -365,7 +372,7 @@ def _source(result: LabResult) -> str:
 
 def _load_question(result: LabResult) -> str:
     ld = result.tables.get("endpoint_load")
-    if _empty(ld):
+    if empty_table(ld):
         return "TTFT, TPOT, ITL and E2EL under load (vLLM bench serve's definitions)"
     r = ld.iloc[0]
     rate = "as fast as allowed" if pd.isna(r["request_rate"]) or math.isinf(r["request_rate"]) else f"{r['request_rate']:g}/s (burstiness {r['burstiness']:g})"
@@ -376,7 +383,7 @@ def _load_question(result: LabResult) -> str:
 def headline(result: LabResult, claims: list[Claim]) -> str:
     t = result.tables
     wf, fit, pp, lat = t.get("endpoint_waterfall"), t.get("endpoint_fit"), t.get("prefix_probe"), t.get("endpoint_latency")
-    if _empty(wf):
+    if empty_table(wf):
         return "No request to the endpoint completed."
     a = wf[wf["scenario"] == "alone"]
     parts = []
@@ -385,15 +392,15 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
         split = (f" (prefill {r['prefill_ms']:.1f}, queue {r['queue_ms'] or 0:.1f}, client + network {r['client_net_ms']:.1f})"
                  if pd.notna(r["prefill_ms"]) else " (server phases not reported)")
         parts.append(f"Alone, a {int(r['prompt_tokens'])}-token prompt's first token takes {r['ttft_ms']:.1f} ms{split}")
-    if not _empty(fit) and pd.notna(fit.iloc[0]["tok_per_s"]):
+    if not empty_table(fit) and pd.notna(fit.iloc[0]["tok_per_s"]):
         sw = t.get("endpoint_sweep")
-        top = sw.iloc[-1] if not _empty(sw) else None
+        top = sw.iloc[-1] if not empty_table(sw) else None
         at_top = (f" ({top['prompt_tokens'] / (top['ttft_min_ms'] - fit.iloc[0]['a_ms']) * 1e3:,.0f} at {int(top['prompt_tokens']):,})"
                   if top is not None and top["ttft_min_ms"] > fit.iloc[0]["a_ms"] else "")
         parts.append(f"prefill runs at {fit.iloc[0]['tok_per_s']:,.0f} tok/s{at_top}")
-    if not _empty(pp) and pp["drop"].notna().any():
+    if not empty_table(pp) and pp["drop"].notna().any():
         parts.append(f"a repeated prefix cuts TTFT by {pp['drop'].median():.0%}")
-    if not _empty(lat):
+    if not empty_table(lat):
         p99 = lat.set_index("metric").loc["TTFT", "p99"]
         parts.append(f"under load p99 TTFT is {p99:,.0f} ms")
     return "; ".join(parts) + "."

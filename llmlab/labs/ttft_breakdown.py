@@ -38,7 +38,7 @@ import pandas as pd
 
 from llmlab.core.device import Device, torch_threads
 from llmlab.core.render import track
-from llmlab.core.results import Chart, Claim, Col, LabResult, View
+from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
 from llmlab.core.timing import summarize
 from llmlab.inference import serving
 from llmlab.inference.serving import PHASES, Request, Trace
@@ -618,14 +618,10 @@ def judge(result: LabResult) -> list[Claim]:
     return claims
 
 
-def _empty(df) -> bool:
-    return df is None or len(df) == 0
-
-
 def _harness(req: pd.DataFrame | None) -> Claim:
     cid, text = "ttft_breakdown.phases_sum_to_ttft", "Harness check: the phases add up to the client's TTFT"
     exp = f">= {HARNESS_SHARE:.0%} of requests within {HARNESS_PCT:g}%"
-    if _empty(req):
+    if empty_table(req):
         return Claim(cid, text, exp, "no requests", None, "no requests table")
     pct = req["unattributed_pct"].abs()
     share = float((pct <= HARNESS_PCT).mean())
@@ -635,7 +631,7 @@ def _harness(req: pd.DataFrame | None) -> Claim:
 
 def _attribution(att: pd.DataFrame | None) -> Claim:
     cid, text = "ttft_breakdown.attribution", "A delay put into one component lands in its phase only"
-    if _empty(att):
+    if empty_table(att):
         return Claim(cid, text, "", "no attribution run", None, "no attribution table")
     null, att = att[att["injected_into"] == "none"], att[att["injected_into"] != "none"]
     delay = float(att["delay_ms"].max())
@@ -661,7 +657,7 @@ def _napkin(sw: pd.DataFrame | None) -> Claim:
     cid, text = "ttft_breakdown.prefill_rate_vs_napkin", "Long-prompt prefill runs near its napkin rate"
     lo, hi = NAPKIN_BAND
     exp = f"{lo:.2f}x-{hi:g}x of FLOPs / matmul rate"
-    if _empty(sw):
+    if empty_table(sw):
         return Claim(cid, text, exp, "no sweep", None, "no prompt-length sweep")
     r = sw.sort_values("prompt_tokens").iloc[-1]
     x = float(r["rate_vs_napkin"])
@@ -672,7 +668,7 @@ def _napkin(sw: pd.DataFrame | None) -> Claim:
 
 def _queue_knee(q: pd.DataFrame | None) -> Claim:
     cid, text = "ttft_breakdown.queue_knee", "Queue wait explodes as utilisation nears 1"
-    pois = None if _empty(q) else q[q["arrivals"] == "poisson"].sort_values("rho")
+    pois = None if empty_table(q) else q[q["arrivals"] == "poisson"].sort_values("rho")
     if pois is None or len(pois) < 2:
         return Claim(cid, text, "Wq = rho D / (2 (1 - rho))", "one rate only", None, "needs 2+ arrival rates")
     lo, hi = pois.iloc[0], pois.iloc[-1]
@@ -688,7 +684,7 @@ def _queue_knee(q: pd.DataFrame | None) -> Claim:
 
 def _worker(q: pd.DataFrame | None) -> Claim:
     cid, text = "ttft_breakdown.fcfs_worker_overhead", "Harness check: queue waits follow Lindley's recursion"
-    if _empty(q):
+    if empty_table(q):
         return Claim(cid, text, "", "no queueing run", None, "no queueing table")
     svc = float(q["service_ms"].median())
     gap, lind = float(q["harness_gap_p50_ms"].median()), float(q["lindley_p90_diff_ms"].max())
@@ -700,7 +696,7 @@ def _worker(q: pd.DataFrame | None) -> Claim:
 def _cold(cold: pd.DataFrame | None, skipped: dict) -> Claim:
     cid, text = "ttft_breakdown.cold_start_ratio", "Cold start costs many warm requests"
     exp = f">= {COLD_MIN_X}x a warm TTFT"
-    if _empty(cold):
+    if empty_table(cold):
         return Claim(cid, text, exp, "skipped", None, skipped.get("cold_start", "no cold start run"))
     c = cold.set_index("step")["median_ms"]
     x = c["spawn_to_first_token"] / c["warm_ttft"]
@@ -711,8 +707,8 @@ def _cold(cold: pd.DataFrame | None, skipped: dict) -> Claim:
 
 def _rag(ph: pd.DataFrame | None) -> Claim:
     cid, text = "ttft_breakdown.rag_prefill_over_retrieval", "RAG: the long context's prefill costs more than retrieval"
-    rag = None if _empty(ph) else ph[ph["scenario"].str.startswith("RAG")]
-    chat = None if _empty(ph) else ph[ph["scenario"].str.startswith("chat")]
+    rag = None if empty_table(ph) else ph[ph["scenario"].str.startswith("RAG")]
+    chat = None if empty_table(ph) else ph[ph["scenario"].str.startswith("chat")]
     if rag is None or not len(rag) or not len(chat):
         return Claim(cid, text, "extra prefill > retrieval", "no RAG run", None, "no RAG scenario")
     r, c = rag.iloc[0], chat.iloc[0]
@@ -728,9 +724,7 @@ def _rag(ph: pd.DataFrame | None) -> Claim:
 def check(cfg: Config) -> None:
     """Before the run starts: an endpoint must answer, speak OpenAI's API and stream (else one line, exit 2)."""
     if cfg.endpoint:
-        from llmlab.serving.probe import discover
-
-        discover(cfg.endpoint, cfg.model, cfg.api_key_env)
+        _ttft_endpoint.discover(cfg)
 
 
 def exit_code(result: LabResult) -> tuple[int, str] | None:
@@ -787,10 +781,10 @@ def layers(result: LabResult) -> dict[str, float]:
     if "chat, cold start" in sc.index:
         out["cold start"] = float(sc.loc["chat, cold start", "cold_start_ms"])
     q = t.get("queueing")
-    if not _empty(q) and (q["arrivals"] == "poisson").any():
+    if not empty_table(q) and (q["arrivals"] == "poisson").any():
         out["queueing"] = float(q.loc[q["arrivals"] == "poisson", "wait_p90_ms"].max())
     sw = t.get("prompt_sweep")
-    if not _empty(sw):
+    if not empty_table(sw):
         out["prompt length"] = float(sw["ttft_median_ms"].iloc[-1] - sw["ttft_median_ms"].iloc[0])
     rag = [k for k in sc.index if k.startswith("RAG")]
     if rag:
@@ -802,7 +796,7 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
     """The article's flowchart with this run's numbers: which layer dominates TTFT here."""
     if result.config.get("endpoint"):
         return _ttft_endpoint.headline(result, claims)
-    if _empty(result.tables.get("scenarios")):
+    if empty_table(result.tables.get("scenarios")):
         return ""
     lay = layers(result)
     base = lay.pop("base")
@@ -827,7 +821,7 @@ def figures(result: LabResult) -> list[tuple[str, object]]:
     import matplotlib.pyplot as plt
 
     sc = result.tables.get("scenarios")
-    if _empty(sc):
+    if empty_table(sc):
         return []
     parts = [("queue_ms", "queue"), ("cold_start_ms", "cold start"), ("retrieval_ms", "retrieval"),
              ("prefill_ms", "prefill"), ("other_ms", "tokenize + first token")]
@@ -849,7 +843,7 @@ def figures(result: LabResult) -> list[tuple[str, object]]:
     fig.tight_layout()
     out = [("TTFT waterfall", fig)]
     sw = result.tables.get("prompt_sweep")
-    if not _empty(sw):  # prefill against its napkin time, log-log: the gap closes as compute takes over
+    if not empty_table(sw):  # prefill against its napkin time, log-log: the gap closes as compute takes over
         fig2, ax = plt.subplots(figsize=(6, 3.5))
         ax.loglog(sw["prompt_tokens"], sw["prefill_ms"], "o-", label="prefill, measured (median)")
         ax.loglog(sw["prompt_tokens"], sw["napkin_prefill_ms"], "s--", label="napkin: FLOPs / matmul rate")
