@@ -33,8 +33,10 @@ def test_throughput_grows_from_1_to_4_clients(model):
     cfg = S.Config(concurrencies=(1, 4), max_concurrency=4, requests_per_level=2, prompt_len=16, output_len=12)
     with torch_threads(1), torch.inference_mode():
         S.part_concurrency(res, cfg, model, CPU, model.config.vocab_size, random.Random(0))
-    c = res.tables["concurrency"].set_index("concurrency").output_tokens_per_s
-    assert c[4] > 1.5 * c[1], c
+    t = res.tables["concurrency"].set_index("concurrency")
+    assert t.decodes_per_step[1] == 1 and t.decodes_per_step[4] > 3  # the 4 clients share the steps (structural)
+    c = t.output_tokens_per_s
+    assert c[4] > 1.5 * c[1], c  # 3.1-3.5x measured on 2 cores with the suite running beside it
 
 
 def test_peak_running_equals_the_capacity_formula(model):
