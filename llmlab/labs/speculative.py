@@ -130,7 +130,7 @@ class Config:
     @classmethod
     def quick(cls) -> Config:
         """The demo: 3 prompts x 32 tokens x 3 timed rounds for speed (stable to a few %), gamma 2, 4 and 6,
-        the other parts counted once (no timing), no batch sweep; about 50 s on an idle 2-core CPU."""
+        the other parts counted once (no timing), no batch sweep; about 55 s on an idle 2-core CPU."""
         return cls(new_tokens=32, prompts=3, repeats=3, sweep_repeats=0, gammas=(2, 4, 6), temperatures=(1.0,),
                    tree_sampled=False, batch_sizes=(), dist_samples=60, dist_top_k=2, cost_samples=15,
                    workload_prompts=1, verify_ks=(1, 4, 8, 16), verify_samples=5)
