@@ -63,12 +63,16 @@ def test_formula_flops_match_the_counter(ref):
 
 def test_steps_add_up_to_the_forward_on_a_compute_heavy_shape():
     """One layer of Qwen2.5-0.5B (136 M-parameter LM head): the stamps cover the forward within the tolerance."""
+    # a sum of per-step medians against the median forward: within each run the steps fit inside the forward,
+    # but medians over 3 runs do not add exactly (a shared CPU moved them 2% apart): the tolerance both ways, and
+    # up to 3 measurements (the suite runs a quick run beside this test; a stamp that misses a step misses every time)
     with torch_threads(1), torch.inference_mode():
         model, _, full = F.load_model("arch:qwen2.5-0.5b", CPU, layers=1)
-        rows = F.time_steps(model, F.Config(sizes=(), prefill_tokens=64, context=8, repeats=3), CPU, "q", 1)
-    pre = next(r for r in rows if r["phase"] == "prefill")
-    # a sum of per-step medians against the median forward: within each run the steps fit inside the forward,
-    # but medians over 3 runs do not add exactly (a shared CPU moved them 2% apart): the tolerance both ways
+        for _ in range(3):
+            rows = F.time_steps(model, F.Config(sizes=(), prefill_tokens=64, context=8, repeats=3), CPU, "q", 1)
+            pre = next(r for r in rows if r["phase"] == "prefill")
+            if abs(pre["stamped_ms"] / pre["measured_forward_ms"] - 1) <= F.ADD_UP_TOL:
+                break
     assert abs(pre["stamped_ms"] / pre["measured_forward_ms"] - 1) <= F.ADD_UP_TOL, pre
 
 

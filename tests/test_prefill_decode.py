@@ -104,12 +104,12 @@ def test_e2e_prediction_from_the_parts_matches_the_whole(tiny):
     """TTFT + (n - 1) x ITL, timed in turn with generation end to end, within the lab's 10%."""
     import torch
 
-    from llmlab.core.device import cpu_load, torch_threads
+    from llmlab.core.device import torch_threads
 
     cfg = replace(P.Config.quick(), output_lens=(16,), e2e_repeats=5)
-    load, cores = cpu_load()
-    tries = 2 if load is not None and load >= cores else 1  # a busy shared CPU: one re-measure
-    for seed in range(tries):
+    # up to 3 measurements: the suite runs a quick run beside this test (tests/conftest.py), and a burst of it
+    # can land on the parts or on the whole; a wrong formula misses every time
+    for seed in range(3):
         with torch_threads(1):
             df = P.measure_e2e(cfg, CPU, tiny, [64], torch.Generator().manual_seed(seed), None)
         if abs(df.iloc[0]["error"]) <= P.E2E_TOL:
