@@ -29,36 +29,32 @@ def judged(result, mod: ModuleType | None = None):
     shows its tables in full.
     """
     mod = mod or module(result.lab)
-    if not hasattr(mod, "judge"):
-        claims, basis = result.claims, result
-    elif not result.interrupted:
-        claims, basis = mod.judge(result), result
-    else:
-        claims, basis = _judge_partial(result, mod)
+    claims, headline = _judge_partial(result, mod) if result.interrupted and hasattr(mod, "judge") else _judge(result, mod)
     views = mod.views(result) if hasattr(mod, "views") else None
-    headline = mod.headline(basis, claims) if hasattr(mod, "headline") else ""
     return claims, views, headline
+
+
+def _judge(result, mod: ModuleType):
+    """(claims, headline) of `result`: the lab's judge() and headline(), or the claims its run made."""
+    claims = mod.judge(result) if hasattr(mod, "judge") else result.claims
+    return claims, mod.headline(result, claims) if hasattr(mod, "headline") else ""
 
 
 def _judge_partial(result, mod: ModuleType):
     """Judge an interrupted run: the table being filled when Ctrl-C came may hold a part of its rows, which
-    a verdict must not read as a full sweep. Set tables aside, the newest first, until the judge runs on
-    the rest; the report keeps every table and says which ones no verdict used."""
+    a verdict must not read as a full sweep. Set tables aside, the newest first, until the judge (and the
+    headline) run on the rest; the report keeps every table and says which ones no verdict used."""
     names = list(result.tables)
-    for cut in range(len(names) + 1):
-        kept = names[:len(names) - cut]
-        basis = replace(result, tables={n: result.tables[n] for n in kept}, claims=[], notes=[])
+    for keep in range(len(names), -1, -1):
+        basis = replace(result, tables={n: result.tables[n] for n in names[:keep]}, claims=[], notes=[])
         try:
-            claims = mod.judge(basis)
-            if hasattr(mod, "headline"):
-                mod.headline(basis, claims)
+            judged_here = _judge(basis, mod)
         except Exception:
-            if not kept:
+            if keep == 0:
                 raise  # the judge fails without any table: a bug in it, not a partial table
             continue
-        aside = names[len(kept):]
+        aside = names[keep:]
         if aside:
             result.note(f"not judged from {', '.join(aside)}: the run was interrupted while "
                         f"{'it was' if len(aside) == 1 else 'they were'} being measured")
-        return claims, basis
-    raise AssertionError("unreachable")
+        return judged_here

@@ -86,7 +86,8 @@ def discover(cfg) -> probe.Server:
 
 
 def run_parts(cfg, res: LabResult, progress) -> None:
-    srv = _FOUND.pop((cfg.endpoint, cfg.model, cfg.api_key_env), None) or discover(cfg)
+    key = (cfg.endpoint, cfg.model, cfg.api_key_env)
+    srv = _FOUND.pop(key, None) or probe.discover(*key)  # taken once: a later run in this process asks again
     res.env["server"] = srv.card()
     for n in srv.notes:
         res.note(n)

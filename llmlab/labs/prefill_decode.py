@@ -461,11 +461,11 @@ def _first_model(t: pd.DataFrame) -> pd.DataFrame:
 
 def judge(result: LabResult) -> list[Claim]:
     """Pure: every verdict from result.tables alone."""
-    from llmlab.core.results import Claim
+    from llmlab.core.results import Claim, empty_table
 
     T = result.tables
     claims = []
-    has = {n for n, t in T.items() if len(t)}  # a part not measured (or cut short by Ctrl-C) gives no verdict
+    has = {n for n, t in T.items() if not empty_table(t)}  # a part not measured (or cut short by Ctrl-C) gives no verdict
     if not {"roofs", "intensity"} <= has:
         return claims + _later_claims(T, has, None)
     inten = _first_model(T["intensity"])
@@ -674,7 +674,9 @@ def _by_tokens(df: pd.DataFrame) -> pd.DataFrame:
 
 def headline(result: LabResult, claims: list[Claim]) -> str:
     """The ratio of the two phases, and what bounds decode here."""
-    if not len(result.tables.get("phases", ())):
+    from llmlab.core.results import empty_table
+
+    if empty_table(result.tables.get("phases")):
         return ""
     ph = _first_model(result.tables["phases"]).sort_values("tokens").iloc[-1]
     text = (f"{ph['model']}: prefill (T={int(ph['tokens'])}) makes {ph['ratio']:.0f}x the tokens/s of decode "

@@ -45,7 +45,7 @@ import torch
 from llmlab.core.device import Device, cpu_caches, cpu_isa, cpu_load, last_level_cache_bytes, torch_threads
 from llmlab.core.errors import UsageError
 from llmlab.core.render import track
-from llmlab.core.results import Chart, Claim, Col, LabResult, View
+from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
 from llmlab.core.roofs import (
     CPU_SHAPES,
     GPU_SHAPES,
@@ -770,7 +770,7 @@ def _best_threads(df: pd.DataFrame) -> pd.DataFrame:
 
 def views(result: LabResult) -> list[View]:
     sweep = result.tables.get("intensity_sweep")
-    dtype = str(sweep["dtype"].iloc[0]) if sweep is not None and len(sweep) else "fp32"
+    dtype = "fp32" if empty_table(sweep) else str(sweep["dtype"].iloc[0])
     out = [
         View("1. Bandwidth roof", "How many GB/s do STREAM kernels get over buffers 8x the cache?", "bandwidth",
              (Col("kernel", "kernel", "text"), Col("threads", "threads", "int"), Col("median_GBps", "GB/s median", ".1f"),
