@@ -9,7 +9,7 @@ TORCH_CPU ?= torch==2.13.0
 LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo install test lint all-labs browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine clean $(addprefix lab-,$(LABS))
+.PHONY: demo install test lint all-labs reference browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine clean $(addprefix lab-,$(LABS))
 
 # The main job: install, then one lab on the built-in model pair (no download).
 DEMO    ?= speculative --quick
@@ -42,17 +42,26 @@ test: install
 lint: install
 	$(BIN)/ruff check llmlab tests benchmarks
 
-# Every lab that exists, full run, into results/ (one folder per lab).
+# Every lab that exists, full run, into $(OUT)/<lab>/ (your runs: git ignores them), then the HTML report.
 # LAB_ARGS: extra options for every lab (e.g. LAB_ARGS=--quick for a fast pass).
 LAB_ARGS ?=
 all-labs: install
 	@for lab in $(LABS); do \
-	  if $(LLMLAB) $$lab --help >/dev/null 2>&1; then \
-	    echo "== llmlab $$lab $(LAB_ARGS)"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab $(LAB_ARGS) --out $(OUT) || exit $$?; \
-	  fi; \
+	  echo "== llmlab $$lab $(LAB_ARGS)"; HF_HUB_OFFLINE=1 $(LLMLAB) $$lab $(LAB_ARGS) --out $(OUT) || exit $$?; \
 	done
 	$(LLMLAB) report $(OUT)
-	$(BIN)/python -m llmlab.readme --results $(OUT) --write
+
+# The committed reference runs: every lab in --quick mode, one at a time, into results/reference/
+# (each lab's old reference run replaced), then its report and the README's claims table from them.
+# Only this target writes there, so a user's own runs never change what the tests compare.
+REF     := results/reference
+reference: install
+	@for lab in $(LABS); do \
+	  echo "== llmlab $$lab --quick"; rm -rf $(REF)/$$lab; \
+	  HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --quick --out $(REF) || exit $$?; \
+	done
+	$(LLMLAB) report $(REF) -o $(REF)/report.html
+	$(BIN)/python -m llmlab.readme --results $(REF) --write
 
 # Debian's chromium, for the HTML report's browser test (tests/test_report_browser.py); needs root.
 browser:

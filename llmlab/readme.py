@@ -1,10 +1,11 @@
 """The README's "What it measured here" table, generated from the saved runs so it cannot drift.
 
-    python -m llmlab.readme            # print the table (newest run of each lab under results/)
+    python -m llmlab.readme            # print the table (newest reference run of each lab)
     python -m llmlab.readme --write    # rewrite the block between the markers in README.md
 
 The block sits between `<!-- claims:begin -->` and `<!-- claims:end -->`. Each row is one claim
-of the newest saved run of each lab (labs in the order of the articles), re-judged with the
+of the newest committed reference run of each lab (under `results/reference/`, which only
+`make reference` writes: a user's own runs go to `results/<lab>/` and never change the table) (labs in the order of the articles), re-judged with the
 lab's current judge() as `llmlab show` and `llmlab report` do. tests/test_report.py checks that
 the README's block equals the generated one.
 """
@@ -23,7 +24,10 @@ END = "<!-- claims:end -->"
 _VERDICT = {True: "holds", False: "does not hold", None: "not measured"}
 
 
-def newest_runs(results_dir: Path | str = "results", skipped: list | None = None) -> list[Run]:
+REFERENCE = Path("results") / "reference"  # the committed reference runs; labs save elsewhere by default
+
+
+def newest_runs(results_dir: Path | str = REFERENCE, skipped: list | None = None) -> list[Run]:
     """The newest saved run of each lab (by its UTC stamp), labs in the order of the articles.
 
     Files that cannot be read as a known lab's result are appended to `skipped` as (path, why).
@@ -42,7 +46,7 @@ def _md(s: object) -> str:
     return " ".join(str(s).split()).replace("|", "\\|")
 
 
-def claims_table(results_dir: Path | str = "results", skipped: list | None = None) -> str:
+def claims_table(results_dir: Path | str = REFERENCE, skipped: list | None = None) -> str:
     """The markdown table: lab, claim id, claim, expected, measured, verdict."""
     lines = ["| lab | claim id | claim | expected | measured | verdict |", "| --- | --- | --- | --- | --- | --- |"]
     for run in newest_runs(results_dir, skipped):
@@ -69,7 +73,7 @@ def rewrite(text: str, table: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmlab.readme", description=__doc__.splitlines()[0])
-    ap.add_argument("--results", type=Path, default=Path("results"), help="folder of saved runs (default results/)")
+    ap.add_argument("--results", type=Path, default=REFERENCE, help=f"folder of saved runs (default {REFERENCE}/)")
     ap.add_argument("--readme", type=Path, default=Path("README.md"), help="the README to rewrite with --write")
     ap.add_argument("--write", action="store_true", help="rewrite the block between the markers in the README")
     args = ap.parse_args(argv)

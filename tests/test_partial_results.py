@@ -1,7 +1,7 @@
 """A run cut short keeps its verdicts where it can: judges tolerate missing tables, and an interrupted
 run's partial tables (Ctrl-C mid-sweep) neither crash the judge nor the report.
 
-Works on the committed quick runs in results/ (one per lab), cut in the ways a run gets cut.
+Works on the committed quick runs in results/reference/ (one per lab), cut in the ways a run gets cut.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from llmlab.core.render import report_lines
 from llmlab.core.results import LabResult
 from llmlab.labs import judged, module
 
-SAVED = sorted(Path(__file__).resolve().parents[1].glob("results/*/*.json"))
+SAVED = sorted(Path(__file__).resolve().parents[1].glob("results/reference/*/*.json"))
 
 
 def _load(path: Path, tables: dict | None = None, interrupted: bool = False) -> LabResult:

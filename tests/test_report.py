@@ -308,6 +308,6 @@ def test_readme_claims_block_matches_the_saved_results():
         pytest.skip(f"README.md has no {readme.BEGIN} / {readme.END} markers yet, or nothing between them "
                     "(`python -m llmlab.readme --write` fills them)")
     skipped: list = []
-    table = readme.claims_table(REPO / "results", skipped)
-    assert skipped == [], "results/ holds files no lab can read (they would be missing from the README's table)"
-    assert readme.block(text) == table, "README's claims table differs from results/: run `python -m llmlab.readme --write`"
+    table = readme.claims_table(REPO / readme.REFERENCE, skipped)
+    assert skipped == [], "results/reference/ holds files no lab can read (they would be missing from the README's table)"
+    assert readme.block(text) == table, "README's claims table differs from results/reference/: run `python -m llmlab.readme --write`"
