@@ -364,6 +364,8 @@ def tiny_train(
             label = "tiny (cross-entropy)" if phase == "target" else "tiny-draft (KL to tiny)"
             tasks[phase] = progress.add_task(label, total=total, loss="-")
         progress.update(tasks[phase], completed=step, loss=f"{loss:.3f}")
+        if not err.is_terminal and (step % 25 == 0 or step == total):  # a log file (nohup): one line per 25 steps
+            err.print(f"{datetime.now(timezone.utc):%H:%M:%S} {phase} step {step}/{total} loss {loss:.3f}", highlight=False)
 
     err.print("[dim]building the corpus and the tokenizer...[/]")
     with progress:

@@ -91,3 +91,50 @@ def test_model_card_numbers_hold():
     assert m["c_ratio"] <= 0.25
     text = (card.WEIGHTS / "MODEL_CARD.md").read_text()
     assert f"{m['agreement']['agreement']:.3f}" in text and f"{m['loss_target']:.3f}" in text
+
+
+def _has_repeat(window, length: int) -> bool:
+    """Whether some length-token span occurs twice, at non-overlapping positions."""
+    w = window.tolist()
+    seen = {}
+    for i in range(len(w) - length + 1):
+        key = tuple(w[i:i + length])
+        if key in seen and i - seen[key] >= length:
+            return True
+        seen.setdefault(key, i)
+    return False
+
+
+def test_repeat_span_writes_the_span_twice():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for vocab in (None, 512):
+        window = torch.arange(1000, 1513)
+        first, second, n = train.repeat_span(window, g, 32, 128, vocab)
+        assert 32 <= n <= 128 and second >= first + n and second + n <= len(window)
+        assert torch.equal(window[first:first + n], window[second:second + n])
+        if vocab is None:  # the window's own text: untouched before the second copy
+            assert torch.equal(window[:second], torch.arange(1000, 1000 + second))
+        else:  # random ids, never EOT (0)
+            assert int(window[first:first + n].min()) >= 1 and int(window[first:first + n].max()) < vocab
+
+
+def test_curriculum_shares_and_windows_are_as_configured():
+    import torch
+
+    cfg = train.TrainConfig.micro()
+    ids = torch.arange(1, 20_001)  # a stream without repeats: any repeat is the curriculum's
+    it = train.curriculum_batches(ids, cfg, seed=0)
+    kinds = []
+    for _ in range(250):
+        batch, k = next(it)
+        assert batch.shape == (cfg.batch_size, cfg.seq_len + 1)
+        for window, kind in zip(batch, k.tolist(), strict=True):
+            assert _has_repeat(window, cfg.repeat_min) == (kind != train.PLAIN)
+            if kind == train.PLAIN:
+                assert torch.equal(window, torch.arange(int(window[0]), int(window[0]) + cfg.seq_len + 1))
+        kinds += k.tolist()
+    n = len(kinds)  # 2,000 windows: a share is within 4 binomial standard deviations of its setting
+    for kind, share in ((train.SPAN, cfg.span_share), (train.RANDOM, cfg.random_share)):
+        assert abs(kinds.count(kind) / n - share) < 4 * (share * (1 - share) / n) ** 0.5
