@@ -172,6 +172,11 @@ def full_table_lines(name: str, df: pd.DataFrame, width: int) -> list[Text]:
 # ---------------------------------------------------------------- charts
 
 
+# Without colour (a pipe, a saved report) each series is drawn with its own character, so the
+# legend still tells them apart; with colour, braille dots in the series' colours.
+_MARKERS = "*o+x#%@="
+
+
 def chart_text(result: LabResult, chart: Chart, width: int, height: int = CHART_HEIGHT, color: bool = True) -> str:
     """Draw one Chart with plotext and return it as text (no line wider than `width`)."""
     import plotext as plt
@@ -187,7 +192,7 @@ def chart_text(result: LabResult, chart: Chart, width: int, height: int = CHART_
     if chart.kind in ("bar", "stacked"):
         labels = [str(v) for v in df[chart.x]]
         values = [[_num(v) for v in df[y]] for y in ys]
-        marks = None if color else list("#o+x=%@*")[: len(ys)]  # without colour, each series its own character
+        marks = None if color else list(_MARKERS)[: len(ys)]
         if chart.kind == "stacked" and len(ys) > 1:
             plt.stacked_bar(labels, values, labels=ys, marker=marks)
         elif len(ys) > 1:
@@ -197,15 +202,17 @@ def chart_text(result: LabResult, chart: Chart, width: int, height: int = CHART_
     else:
         draw = plt.scatter if chart.kind == "scatter" else plt.plot
         groups = [(None, df)] if chart.series is None else list(df.groupby(chart.series, sort=False))
+        marks = iter(_MARKERS * (1 + len(groups) * len(ys) // len(_MARKERS)))
         for name, g in groups:
             for y in ys:
+                mark = next(marks)
                 sub = g[[chart.x, y]].dropna()
                 sub = sub[(sub[chart.x] > 0) & (sub[y] > 0)] if (chart.logx or chart.logy) else sub
                 if sub.empty:
                     continue
                 label = " ".join(str(p) for p in (name, y if len(ys) > 1 else None) if p is not None) or None
                 draw([_num(v) for v in sub[chart.x]], [_num(v) for v in sub[y]], label=label,
-                     marker="braille" if color else "*")
+                     marker="braille" if color else mark)
         if chart.logx:
             plt.xscale("log")
         if chart.logy:
