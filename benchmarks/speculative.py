@@ -18,7 +18,8 @@ bookkeeping (logits processors, stopping criteria, candidate generator), which o
 costs a sizeable share of a forward.
 
 Every output is first checked token for token against plain greedy (llm.c style: "All results match.
-Starting benchmarks."). Rounds interleave the methods (core.timing.interleaved, order alternating);
+Starting benchmarks."). Both sides run alike: inference mode, FP32, no EOS handling (HF through
+`decode.hf_generate`: eos_token_id None, so it neither stops nor masks EOS, as our loops with no EOS). Rounds interleave the methods (core.timing.interleaved, order alternating);
 ratios are medians of per-round ratios.
 
 Issue 19 adds prompt lookup (no draft model: the draft is what followed the last n tokens earlier in
@@ -116,7 +117,7 @@ def main() -> None:
         out = interleaved(fns, args.rounds, device)
     refs = out.outputs["plain (ours)"]
     for k, outs in out.outputs.items():
-        rows = lab.identity_rows(k, outs, refs, eos=None if k.startswith("ours") else pair.eos)
+        rows = lab.identity_rows(k, outs, refs)
         if not all(r["identical"] for r in rows):
             raise SystemExit(f"{k}: output differs from plain greedy: {rows}")
     print(f"All {len(fns) - 1} methods match plain greedy token for token. Benchmark results:")
@@ -161,7 +162,7 @@ def lookup_bench(pair, cfg, n: int, n_prompts: int, rounds: int, sweep_rounds: i
         refs = out.outputs["plain"]
         for k in ("ours", "HF"):
             toks = [o.tokens if k == "ours" else o for o in out.outputs[k]]
-            rows = lab.identity_rows(f"{w} {k}", toks, refs, eos=None if k == "ours" else pair.eos)
+            rows = lab.identity_rows(f"{w} {k}", toks, refs)
             if not all(x["identical"] for x in rows):
                 raise SystemExit(f"{w} {k}: output differs from plain greedy: {rows}")
         stats = S.SpecStats()

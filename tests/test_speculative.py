@@ -184,6 +184,30 @@ def test_multi_candidate_verify_is_p(children):
     assert _chisquare(counts, {i: float(p[i]) for i in range(6)}, N) > SIGNIFICANCE
 
 
+# ---------------------------------------------------------------- device discipline
+
+
+@pytest.mark.parametrize("method", ["chain", "tree sample", "tree topk", "tree greedy", "lookup"])
+def test_every_tensor_is_made_on_the_device_of_its_data(toy_pair, method):
+    """Every tensor of a loop is made on the device of the data it meets (a CUDA generator drew on a CPU
+    acceptance tensor: every sampled tree walk crashed on CUDA). With the default device set to `meta`, a
+    tensor made without naming its device lands on meta, and reading it or mixing it with the CPU data
+    raises: on a GPU that same tensor would have landed on the CPU."""
+    target, draft = toy_pair
+    ids, gen, p = torch.tensor([[1, 2, 3]]), torch.Generator().manual_seed(0), SamplingParams(temperature=1.0)
+    run = {"chain": lambda: S.speculative_generate(target, draft, ids, 10, gamma=3, params=p, generator=gen),
+           "tree sample": lambda: S.tree_generate(target, draft, ids, 10, params=p, generator=gen),
+           "tree topk": lambda: S.tree_generate(target, draft, ids, 10, params=p, generator=gen, children="topk"),
+           "tree greedy": lambda: S.tree_generate(target, draft, ids, 10),
+           "lookup": lambda: S.lookup_generate(target, ids, 10, params=p, generator=gen)}[method]
+    with torch.device("meta"):
+        out = run()
+    assert out.tokens.device == ids.device and out.n_new == 10
+    with torch.device("meta"):  # the walk's own step, on its own: accept/reject at one tree node
+        i, tok = S.multi_candidate_verify(torch.tensor([0.5, 0.5], device="cpu"), [1], gen)
+    assert tok in (0, 1) and i in (-1, 0)
+
+
 # ---------------------------------------------------------------- exact enumeration on a toy model
 
 
@@ -593,9 +617,7 @@ def test_hf_prompt_lookup_matches_plain_greedy(tiny_pair):
     ids = _workload_prompts(tok)["quote"]
     ref = decode.generate(target, ids, 24).tokens
     hf = decode.hf_generate(target, ids, 24, prompt_lookup_num_tokens=4)
-    eos = (ref[0] == target.config.eos_token_id).nonzero()
-    k = int(eos[0]) if len(eos) else 24
-    assert torch.equal(hf[:, :k], ref[:, :k])
+    assert torch.equal(hf, ref)
 
 
 def test_hf_assisted_matches_plain_greedy(tiny_pair):
@@ -605,12 +627,32 @@ def test_hf_assisted_matches_plain_greedy(tiny_pair):
     before = draft.generation_config.to_dict()
     hf = S.hf_assisted_generate(target, draft, ids, 24, gamma=4)
     assert draft.generation_config.to_dict() == before  # the assistant's settings are restored
-    eos = (ref[0] == target.config.eos_token_id).nonzero()
-    k = int(eos[0]) if len(eos) else 24  # HF's min_new_tokens suppresses EOS: compare up to it
-    assert torch.equal(hf[:, :k], ref[:, :k])
+    assert torch.equal(hf, ref)  # the whole output: no EOS handling on either side
     for kw in (dict(gamma=None, schedule=None, confidence=None), dict(gamma=2, schedule="heuristic", confidence=0.0)):
         hf = S.hf_assisted_generate(target, draft, ids, 24, **kw)  # HF's own dynamic settings (the benchmark's peer)
-        assert torch.equal(hf[:, :k], ref[:, :k]) and draft.generation_config.to_dict() == before, kw
+        assert torch.equal(hf, ref) and draft.generation_config.to_dict() == before, kw
+
+
+def test_hf_generate_runs_with_our_settings(monkeypatch):
+    """The peer and our loop run alike: inference mode, and no per-token EOS handling, so HF emits and
+    runs past EOS exactly as `decode.generate` with eos_token_id None does (min_new_tokens masked EOS
+    at every step, and its output differed from ours wherever the target chose EOS)."""
+    target, draft = _toy(2), _toy(102, layers=1)
+    ids = torch.tensor([[1, 1]])
+    ref = decode.generate(target, ids, 12).tokens
+    assert (ref == target.config.eos_token_id).any()  # this toy target emits EOS mid-way
+    assert torch.equal(decode.hf_generate(target, ids, 12), ref)
+    assert torch.equal(S.hf_assisted_generate(target, draft, ids, 12, gamma=3), ref)
+    seen = {}
+    real = type(target).generate
+
+    def spy(self, *a, **kw):
+        seen.update(inference=torch.is_inference_mode_enabled(), kw=kw)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(type(target), "generate", spy)
+    decode.hf_generate(target, ids, 4)
+    assert seen["inference"] and seen["kw"]["eos_token_id"] is None and "min_new_tokens" not in seen["kw"]
 
 
 # ---------------------------------------------------------------- edge cases in the loop

@@ -174,14 +174,20 @@ def generate(
     return Generation(torch.cat([first, *rest], dim=1), prefill_s, times)
 
 
+@torch.inference_mode()
 def hf_generate(model, input_ids: torch.Tensor, max_new_tokens: int, **kw) -> torch.Tensor:
-    """The peer: HF `generate`, greedy unless kw says otherwise, exactly `max_new_tokens` new tokens."""
+    """The peer: HF `generate` with the settings of our loop, greedy unless kw says otherwise.
+
+    Same inference mode as `generate` here (HF's own decorator is no_grad). Exactly `max_new_tokens` new
+    tokens with no EOS handling, as `generate` with eos_token_id None: eos_token_id None drops HF's EOS
+    stopping check, where min_new_tokens would add an EOS-masking step to every token.
+    """
     kw.setdefault("do_sample", False)
+    kw.setdefault("eos_token_id", None)
     out = model.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
         max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
         pad_token_id=model.config.eos_token_id if model.config.pad_token_id is None else model.config.pad_token_id,
         **kw,
     )

@@ -150,7 +150,8 @@ def multi_candidate_verify(p: torch.Tensor, candidates: Sequence[int], generator
     for i, c in enumerate(candidates):
         pc = float(cur[c])
         qc = 1.0 if proposal is None else float(proposal[c])
-        if bool(coin(torch.tensor(min(1.0, pc / qc) if qc > 0 else 1.0, dtype=p.dtype), generator)):  # min(1, p'/q)
+        accept = torch.tensor(min(1.0, pc / qc) if qc > 0 else 1.0, dtype=p.dtype, device=p.device)  # min(1, p'/q)
+        if bool(coin(accept, generator)):
             return i, int(c)
         if proposal is None:
             cur[c] = 0.0
@@ -613,7 +614,7 @@ class TreeShape:
     def ancestors(self) -> torch.Tensor:
         """(N, N) bool: [j, k] is True when node k is node j or one of its ancestors."""
         n = self.size
-        anc = torch.zeros(n, n, dtype=torch.bool)
+        anc = torch.zeros(n, n, dtype=torch.bool, device="cpu")  # built on the host, element by element
         for j in range(n):
             k = j
             while k >= 0:
@@ -644,9 +645,9 @@ def tree_attention_mask(anc_rows: torch.Tensor, prefix_len: int, dtype: torch.dt
     anc_rows (Q, K) bool: which of the K tree positions appended after the prefix each query may see.
     transformers passes a 4D mask through unchanged (masking_utils._preprocess_mask_arguments).
     """
-    q = anc_rows.shape[0]
-    allowed = torch.cat([torch.ones(q, prefix_len, dtype=torch.bool), anc_rows], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    q, dev = anc_rows.shape[0], anc_rows.device
+    allowed = torch.cat([torch.ones(q, prefix_len, dtype=torch.bool, device=dev), anc_rows], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
 
 
@@ -654,7 +655,7 @@ def tree_attention_mask(anc_rows: torch.Tensor, prefix_len: int, dtype: torch.dt
 def tree_forward(model, tokens: torch.Tensor, cache, anc_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Forward tree tokens (B, Q) appended to `cache` with ancestor-only attention; returns logits (B, Q, V)."""
     prefix = cache.get_seq_length() - (anc_rows.shape[1] - anc_rows.shape[0])
-    mask = tree_attention_mask(anc_rows, prefix, next(model.parameters()).dtype).to(tokens.device)
+    mask = tree_attention_mask(anc_rows.to(tokens.device), prefix, next(model.parameters()).dtype)
     pos = positions.to(tokens.device).unsqueeze(0).expand(tokens.shape[0], -1)
     return decode.forward(model, tokens, cache, logits_to_keep=tokens.shape[1], attention_mask=mask,
                           position_ids=pos).float()
@@ -700,7 +701,7 @@ def draft_tree(draft, cache, pending: torch.Tensor, shape: TreeShape, params: Sa
         if d == shape.max_depth:
             break
         rows = anc[lvl.start : lvl.stop, : lvl.stop]  # (Q, nodes so far)
-        positions = torch.full((len(lvl),), root_pos + d, dtype=torch.long)
+        positions = torch.full((len(lvl),), root_pos + d, dtype=torch.long, device=pending.device)
         logits = tree_forward(draft, tokens[:, lvl.start : lvl.stop], cache, rows, positions)
     return tokens, (torch.cat(qs, dim=1) if qs else None)
 
@@ -782,10 +783,10 @@ def tree_generate(
             shape = tree_shape(full.branching[:depth])
             tokens, q = draft_tree(draft, d_cache, pending, shape, params, children, generator)  # (B, N)
             stats.draft_forwards += shape.max_depth
-            rows = torch.zeros(1 + shape.size, 1 + shape.size, dtype=torch.bool)  # root, then the nodes
+            rows = torch.zeros(1 + shape.size, 1 + shape.size, dtype=torch.bool, device="cpu")  # root, then the nodes
             rows[:, 0] = True
             rows[1:, 1:] = shape.ancestors()
-            positions = torch.tensor([t_len] + [t_len + d for d in shape.depth])
+            positions = torch.tensor([t_len] + [t_len + d for d in shape.depth], device=dev)
             verify_in = torch.cat([last, tokens], dim=1)  # (B, 1 + N)
             decode_logits = tree_forward(target, verify_in, t_cache, rows, positions)  # (B, 1 + N, V)
             stats.target_forwards += 1
@@ -941,7 +942,7 @@ def hf_assisted_generate(target, draft, input_ids: torch.Tensor, max_new_tokens:
         if value is not None:
             setattr(gc, name, value)
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # HF warns that its min-length processor is given twice: expected here
+    hf_logging.set_verbosity_error()  # HF's candidate generator warns about the arguments it passes its assistant
     try:
         return decode.hf_generate(target, input_ids, max_new_tokens, assistant_model=draft, **kw)
     finally:

@@ -272,13 +272,11 @@ def tree_fn(pair: Pair, n: int, params: SamplingParams, gen, branching: tuple[in
                                                              params=params, generator=gen), prompts)
 
 
-def identity_rows(check: str, outs: list[torch.Tensor], refs: list[torch.Tensor], eos: int | None = None) -> list[dict]:
-    """One row per prompt: identical or the first divergence (compared up to the first EOS when `eos` is given)."""
+def identity_rows(check: str, outs: list[torch.Tensor], refs: list[torch.Tensor]) -> list[dict]:
+    """One row per prompt: identical or the first divergence (every token: no side handles EOS)."""
     rows = []
     for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
         a, b = out.flatten().tolist(), ref.flatten().tolist()
-        if eos is not None and eos in b:
-            a, b = a[: b.index(eos)], b[: b.index(eos)]
         div = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), -1)
         if div < 0 and len(a) != len(b):
             div = min(len(a), len(b))
@@ -502,7 +500,7 @@ def part_speed(res: LabResult, pair: Pair, cfg: Config, gen, costs: dict, identi
                                    for i, (pa, pn) in enumerate(zip(m["per_position"], m["per_position_n"], strict=True))])
     res.add_table("histogram", [dict(accepted=k, rounds=cnt, share=cnt / m["rounds"]) for k, cnt in m["histogram"].items()])
     if params.greedy:
-        identity += identity_rows("HF assisted (the peer)", first["HF assisted"], refs, eos=pair.eos)
+        identity += identity_rows("HF assisted (the peer)", first["HF assisted"], refs)
         identity += identity_rows("prompt lookup, open", [o.tokens for o in first["prompt lookup"]], refs)
         return refs
     return pair.run(lambda ids: decode.generate(pair.target, ids, n).tokens)  # policies and tree need greedy refs
