@@ -178,7 +178,7 @@ def counted_flops(model_or_config, tokens: int, context: int = 0, batch: int = 1
     on meta; the CPU flash kernel mapped to torch's own SDPA formula), i.e. `causal=False`.
     """
     import torch
-    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+    from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -190,16 +190,23 @@ def counted_flops(model_or_config, tokens: int, context: int = 0, batch: int = 1
         with torch.device("meta"), no_init_weights():
             model = AutoModelForCausalLM.from_config(model_or_config, dtype=torch.float32).eval()
     device = next(model.parameters()).device
-
-    def cpu_flash(q, k, v, *args, **kwargs) -> int:  # shapes in (FlopCounterMode's wrapper); it lacks this CPU kernel
-        return sdpa_flop_count(q, k, v)
-
-    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash}
     cache = new_cache(model)
     with torch.inference_mode():
         if context:
             forward(model, torch.zeros(batch, context, dtype=torch.long, device=device), cache)
-        counter = FlopCounterMode(display=False, custom_mapping=mapping)
+        counter = FlopCounterMode(display=False, custom_mapping=sdpa_flop_mapping())
         with counter:
             forward(model, torch.zeros(batch, tokens, dtype=torch.long, device=device), cache)
     return {str(op).removeprefix("aten."): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+def sdpa_flop_mapping() -> dict:
+    """FlopCounterMode's `custom_mapping` for the SDPA kernel it has no formula for (the CPU's flash kernel):
+    torch's own SDPA formula, dense T x T, as it counts the CUDA kernels."""
+    import torch
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    def cpu_flash(q, k, v, *args, **kwargs) -> int:  # shapes in (FlopCounterMode's wrapper)
+        return sdpa_flop_count(q, k, v)
+
+    return {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash}

@@ -36,8 +36,8 @@ from llmlab.core.results import Chart, Claim, Col, LabResult, View
 from llmlab.core.stats import summary
 
 LAB = "five-steps"
-VERSION = 1
-JUDGE_VERSION = 1
+VERSION = 2  # 2: predicted shapes from the config and the tokenizer's count; SDPA's FLOPs counted on the CPU too
+JUDGE_VERSION = 2
 STEPS = ("1. embed", "2. attention", "3. MLP", "norms", "4. LM head", "5. sample")
 ADD_UP_TOL = 0.10  # the steps' stamps must cover the forward within 10% (the issue's tolerance)
 LOGIT_TOL = 1e-5  # hand run vs forward, FP32
@@ -137,10 +137,11 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     with torch_threads(None if device.is_cuda else cfg.threads), res.guard(), torch.inference_mode():
         model, tok, _ = load_model(cfg.model, device)
         ids = tok(cfg.prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device.torch)  # (1, T)
-        res.add_table("walk", walk_rows(model, ids, cfg.model, tok))
+        t = len(tok.encode(cfg.prompt, add_special_tokens=False))  # T as the tokenizer counts it, apart from the tensor
+        res.add_table("walk", walk_rows(model, ids, cfg.model, t, tok, cfg.seed))
         res.add_table("candidates", candidate_rows(model, ids, tok, cfg))
         big, _, big_layers = load_model(cfg.big, device, meta=True)
-        res.add_table("walk_big", walk_rows(big, torch.zeros(1, ids.shape[1], dtype=torch.long, device="meta"), cfg.big))
+        res.add_table("walk_big", walk_rows(big, torch.zeros(1, t, dtype=torch.long, device="meta"), cfg.big, t))
         del big
         res.add_table("hand_run", [hand_check(model, ids)])
         timing = time_steps(model, cfg, device, cfg.model, model.config.num_hidden_layers)
@@ -162,21 +163,45 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     return res
 
 
-def walk_rows(model, ids: torch.Tensor, label: str, tok=None) -> list[dict]:
+def predicted_shapes(config, t: int) -> dict[str, tuple[int, ...]]:
+    """Each step's output shape from the config alone: T tokens in, d wide, V scores out, one id picked."""
+    d, v = config.hidden_size, config.vocab_size
+    return {"1. tokenize": (1, t), "1. embed": (1, t, d), "2. attention": (1, t, d), "3. MLP": (1, t, d),
+            "2-3. x layers": (1, t, d), "4. LM head": (1, 1, v), "5. sample": (1,)}
+
+
+def walk_rows(model, ids: torch.Tensor, label: str, t: int, tok=None, seed: int = 0) -> list[dict]:
+    """The walk's rows: each step's measured shape beside the shape `predicted_shapes` gives for T = `t`.
+    The sample row also keeps the id drawn (None on the meta device: shapes only, no values)."""
+    expect = predicted_shapes(model.config, t)
     rows = [dict(model=label, step="1. tokenize", what=_pieces(tok, ids) if tok else f"{ids.shape[1]} token ids",
-                 shape=str(tuple(ids.shape)), expected=str((1, ids.shape[1])))]
-    conf = model.config
-    d, v = conf.hidden_size, conf.vocab_size
-    expect = {"1. embed": (1, ids.shape[1], d), "2. attention": (1, ids.shape[1], d), "3. MLP": (1, ids.shape[1], d),
-              "2-3. x layers": (1, ids.shape[1], d), "4. LM head": (1, 1, v)}
+                 shape=str(tuple(ids.shape)), expected=str(expect["1. tokenize"]), token_id=None,
+                 vocab=model.config.vocab_size)]
 
-    def record(step, what, t):
-        rows.append(dict(model=label, step=step, what=what, shape=str(tuple(t.shape)), expected=str(expect[step])))
+    def record(step, what, x):
+        rows.append(dict(model=label, step=step, what=what, shape=str(tuple(x.shape)), expected=str(expect[step]),
+                         token_id=None, vocab=model.config.vocab_size))
 
-    logits = hand_run(model, ids, record)
-    rows.append(dict(model=label, step="5. sample", what="softmax -> pick one id", shape=str(tuple(logits.shape[:1])),
-                     expected=str((1,))))
+    logits = hand_run(model, ids, record)  # (1, V)
+    if logits.is_meta:
+        pick, what = logits.argmax(-1), "argmax (meta device: the shape only)"  # (1,)
+    else:
+        pick, what = _sample(logits, seed), "softmax -> pick one id"
+    record("5. sample", what, pick)
+    rows[-1]["token_id"] = None if pick.is_meta else int(pick[0])
     return rows
+
+
+def _sample(logits: torch.Tensor, seed: int) -> torch.Tensor:
+    """(B, V) logits -> (B,) sampled ids."""
+    from llmlab.inference import sampling
+
+    return sampling.sample(logits.float(), generator=generator_on(logits.device, seed))
+
+
+def generator_on(device: torch.device, seed: int) -> torch.Generator:
+    """A seeded generator on `device`: a generator draws only on its own device (a CPU one cannot sample CUDA logits)."""
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _pieces(tok, ids: torch.Tensor) -> str:
@@ -195,8 +220,7 @@ def candidate_rows(model, ids: torch.Tensor, tok, cfg: Config) -> list[dict]:
     logits = model(input_ids=ids).logits[:, -1].float()  # (1, V)
     p = torch.softmax(logits, -1)[0]
     top = torch.topk(p, 5)
-    g = torch.Generator(device=logits.device).manual_seed(cfg.seed)
-    picked_p = int(sampling.sample(logits, generator=g, top_p=cfg.top_p)[0])
+    picked_p = int(sampling.sample(logits, generator=generator_on(logits.device, cfg.seed), top_p=cfg.top_p)[0])
     greedy = int(logits.argmax(-1)[0])
     rows = [dict(rank=i + 1, word=_show(tok.decode([t])), token_id=int(t), probability=float(pr),
                  greedy_pick=int(t) == greedy, top_p_pick=int(t) == picked_p) for i, (pr, t) in enumerate(zip(top.values, top.indices, strict=True))]
@@ -254,7 +278,8 @@ def time_steps(model, cfg: Config, device: Device, label: str, full_layers: int)
     from llmlab.core.flops import Shape
     from llmlab.inference import decode, sampling
 
-    g = torch.Generator().manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.seed)  # token ids drawn on the CPU, then moved
+    pick = generator_on(device.torch, cfg.seed)  # step 5 draws on the logits' device
     vocab = model.config.vocab_size
     run_layers = model.config.num_hidden_layers
     scale = full_layers / run_layers  # attention and MLP measured on run_layers, scaled to the full model
@@ -275,7 +300,7 @@ def time_steps(model, cfg: Config, device: Device, label: str, full_layers: int)
                 logits = decode.forward(model, x, cache if phase == "decode" else decode.new_cache(model))[:, -1]  # (1, V)
                 device.synchronize()
                 t1 = time.perf_counter()
-                sampling.sample(logits.float(), generator=g, top_p=cfg.top_p)
+                sampling.sample(logits.float(), generator=pick, top_p=cfg.top_p)
                 device.synchronize()
                 clock.acc["5. sample"] = time.perf_counter() - t1
                 if r:
@@ -287,21 +312,22 @@ def time_steps(model, cfg: Config, device: Device, label: str, full_layers: int)
         flops, counted, params = _flops(model, shape, phase, new, cfg.context, x)
         fwd = summary(totals).median
         med = {s: summary(per[s]).median for s in STEPS}
-        uncounted = counted.pop("attention_core_uncounted", 0)
         for s in STEPS:
             k = scale if s in ("2. attention", "3. MLP", "norms") else 1.0
             rows.append(dict(model=label, layers=full_layers, layers_run=run_layers, phase=phase, tokens=new, step=s,
                              time_ms=1e3 * med[s] * k, flops=flops.get(s, 0) * (k if s != "5. sample" else 1),
                              counted_flops=counted.get(s, 0) * k, param_bytes=params.get(s, 0) * k,
-                             uncounted_flops=(uncounted if s == "2. attention" else 0) * k,
                              forward_ms=1e3 * (fwd + (scale - 1) * (med["2. attention"] + med["3. MLP"] + med["norms"])),
                              measured_forward_ms=1e3 * fwd, stamped_ms=1e3 * sum(med[s] for s in STEPS[:5])))
     return rows
 
 
 def _flops(model, shape, phase: str, new: int, context: int, x: torch.Tensor):
-    """(formula FLOPs by step, FlopCounterMode FLOPs by step, parameter bytes by step) of one forward as timed."""
+    """(formula FLOPs by step, FlopCounterMode FLOPs by step, parameter bytes by step) of one forward as timed.
+    The counter counts SDPA on every device (core.flops' mapping for the CPU kernel), so attention's core is in both."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from llmlab.core.flops import sdpa_flop_mapping
 
     t = shape
     rows = new  # positions through each layer (batch 1)
@@ -317,12 +343,9 @@ def _flops(model, shape, phase: str, new: int, context: int, x: torch.Tensor):
     cache = decode.new_cache(model)
     if phase == "decode":
         decode.forward(model, torch.zeros(1, context, dtype=torch.long, device=x.device), cache)
-    with FlopCounterMode(display=False) as fc:
+    with FlopCounterMode(display=False, custom_mapping=sdpa_flop_mapping()) as fc:
         decode.forward(model, x, cache)
     counts = fc.get_flop_counts()
-    sdpa = any("scaled_dot_product" in str(op) for ops in counts.values() for op in ops)
-    if not sdpa:  # FlopCounterMode has no formula for this device's SDPA kernel (the CPU's): compare matmuls only
-        counted["attention_core_uncounted"] = core
     for name, ops in counts.items():
         total = sum(ops.values())
         if name.endswith(".self_attn"):
@@ -363,16 +386,18 @@ def judge(result: LabResult) -> list[Claim]:
         r = hc.iloc[0]
         ok = r.max_abs_logit_diff <= r.tolerance and r.hand_token == r.generate_token
         claims.append(Claim("five_steps.no_sixth_step", "the five steps are the whole computation",
-                            f"hand-run logits = forward within {r.tolerance:g} (FP32); same word as generate",
+                            f"max |hand-run logit - forward logit| <= {r.tolerance:g} (FP32) and the hand run's argmax "
+                            "= generate's first token",
                             f"max |diff| {r.max_abs_logit_diff:.1e}; token {int(r.hand_token)} vs {int(r.generate_token)}", ok))
     walk = t.get("walk")
     if walk is not None and not walk.empty:
         both = walk if t.get("walk_big") is None else __import__("pandas").concat([walk, t["walk_big"]])
-        bad = both[both["shape"] != both["expected"]]
+        bad = both[(both["shape"] != both["expected"]) | ~both.apply(_id_in_vocab, axis=1)]
         claims.append(Claim("five_steps.shapes_as_predicted", "each step turns (1, T) into (1, T, d), then (1, V)",
-                            "hook shapes = the config's T, d, V at every step",
+                            "every step's shape = the prediction from the config and the tokenizer's count alone: "
+                            "(1, T), (1, T, d) x 4, (1, 1, V), (1,); and the sampled id in [0, V)",
                             f"{len(both) - len(bad)}/{len(both)} steps as predicted"
-                            + ("" if bad.empty else f"; first off: {bad.iloc[0]['step']} {bad.iloc[0]['shape']}"), bad.empty))
+                            + ("" if bad.empty else f"; first off: {bad.iloc[0]['step']} {_shown(bad.iloc[0])}"), bad.empty))
     tm = t.get("time")
     if tm is not None and not tm.empty:
         first = tm[tm.model == tm.model.iloc[0]]
@@ -380,20 +405,22 @@ def judge(result: LabResult) -> list[Claim]:
         fwd, stamped = dec.measured_forward_ms.iloc[0], dec.stamped_ms.iloc[0]
         rem = 1 - stamped / fwd
         claims.append(Claim("five_steps.steps_add_up", "the steps account for the whole forward",
-                            f"stamped steps within {ADD_UP_TOL:.0%} of the forward", f"{stamped:.2f} of {fwd:.2f} ms "
+                            f"|1 - stamped steps / forward| <= {ADD_UP_TOL:.0%} (a decode step)", f"{stamped:.2f} of {fwd:.2f} ms "
                             f"({rem:+.1%} remainder: residuals, masks, Python)", abs(rem) <= ADD_UP_TOL))
         am = (dec.time_ms["2. attention"] + dec.time_ms["3. MLP"]) / dec.time_ms.sum()
         claims.append(Claim("five_steps.attention_mlp_dominate", "attention and MLP, repeated per layer, take most of the time",
-                            "> 50% of a decode step", f"{am:.0%} ({first.model.iloc[0]}, decode)", am > 0.5))
+                            "(attention + MLP) / all steps > 50% of a decode step's time", f"{am:.0%} ({first.model.iloc[0]}, decode)", am > 0.5))
         sm = dec.time_ms["5. sample"] / dec.time_ms.sum()
         claims.append(Claim("five_steps.sampling_negligible", "picking the word is a negligible share",
-                            f"< {SAMPLE_SHARE_MAX:.0%} of a decode step", f"{sm:.1%} ({dec.time_ms['5. sample']:.3f} ms)",
+                            f"sample / all steps < {SAMPLE_SHARE_MAX:.0%} of a decode step's time", f"{sm:.1%} ({dec.time_ms['5. sample']:.3f} ms)",
                             sm < SAMPLE_SHARE_MAX))
         c = tm[tm.counted_flops > 0]
-        err = ((c.flops - c.uncounted_flops) / c.counted_flops - 1).abs().max()
-        skip = "" if not (tm.uncounted_flops > 0).any() else " (SDPA core excluded: the counter has no formula for it here)"
+        old = "uncounted_flops" in c and (c.uncounted_flops > 0).any()  # a version-1 run: SDPA's core left out
+        err = ((c.flops - (c.uncounted_flops if old else 0)) / c.counted_flops - 1).abs().max()
+        skip = " (SDPA core excluded: a version-1 run)" if old else ""
         claims.append(Claim("five_steps.flops_formula", "the shape formula gives each step's FLOPs",
-                            f"= FlopCounterMode within {FLOP_TOL:.0%}", f"worst step off by {err:.1%}{skip}", err <= FLOP_TOL))
+                            f"|formula / FlopCounterMode - 1| <= {FLOP_TOL:.0%} at every counted step (attention with "
+                            "its SDPA core, MLP, LM head)", f"worst step off by {err:.1%}{skip}", err <= FLOP_TOL))
         models = list(dict.fromkeys(tm.model))
         if len(models) > 1:
             sh = __import__("pandas").DataFrame(share_rows(tm.to_dict("records")))
@@ -402,6 +429,17 @@ def judge(result: LabResult) -> list[Claim]:
                                 "largest vs tiny", " -> ".join(f"{m.split(':')[-1]} {head[m]:.0%}" for m in models),
                                 None, note="a description, not a test: which way it goes depends on vocab vs width x layers"))
     return claims
+
+
+def _id_in_vocab(row) -> bool:
+    """The sample row's id lies in [0, V); other rows (and the meta walk, which draws no value) have none to check."""
+    tid = row.get("token_id")
+    return tid is None or tid != tid or 0 <= tid < row.get("vocab", float("inf"))  # tid != tid: NaN from a CSV
+
+
+def _shown(row) -> str:
+    tid = row.get("token_id")
+    return row["shape"] if tid is None or tid != tid else f"{row['shape']} id {int(tid)}"
 
 
 def headline(result: LabResult, claims: list[Claim]) -> str:
