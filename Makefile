@@ -4,8 +4,12 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 LLMLAB  := $(BIN)/llmlab
 OUT     ?= results
-# The CPU build of torch (small, on this disk); a GPU machine takes the default CUDA build.
+# The CPU build of torch (small, on this disk); a GPU machine takes a CUDA build >= TORCH_FLOOR.
 TORCH_CPU ?= torch==2.13.0
+# The oldest torch the code runs on (SDPA enable_gqa= is 2.5, the CUDA INT8 weight kernel 2.9): the same as
+# pyproject.toml's torch>= and llmlab.core.gpucheck.TORCH_FLOOR.
+TORCH_FLOOR := 2.9
+TORCH_BELOW_FLOOR := tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]) < tuple(int(x) for x in '$(TORCH_FLOOR)'.split('.'))
 LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
@@ -22,11 +26,14 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(HAVE_GPU),1)
-	@# a CPU torch left in an existing .venv (torch.version.cuda is None) is replaced by a CUDA build
-	$(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is None)" 2>/dev/null \
-	  || { $(BIN)/python -m pip uninstall -q -y torch 2>/dev/null; $(BIN)/python -m pip install -q torch; }
+	@# a CPU torch, or one older than TORCH_FLOOR, left in an existing .venv is replaced by a CUDA build >= the floor,
+	@# from the PyTorch wheel index the driver runs (gpucheck --pip-index reads nvidia-smi; empty: pip's default index)
+	$(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is None or $(TORCH_BELOW_FLOOR))" 2>/dev/null \
+	  || { $(BIN)/python -m pip uninstall -q -y torch 2>/dev/null; \
+	       $(BIN)/python -m pip install -q "torch>=$(TORCH_FLOOR)" $$($(BIN)/python -m llmlab.core.gpucheck --pip-index); }
 else
-	$(BIN)/python -m pip show torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH_CPU)
+	@# the CPU build first, and in place of a torch below the floor: pip then never pulls a multi-GB CUDA build
+	$(BIN)/python -c "import torch, sys; sys.exit($(TORCH_BELOW_FLOOR))" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_CPU)
 endif
 	$(BIN)/python -m pip install -q -e ".[dev]"
 ifeq ($(HAVE_GPU),1)
@@ -72,9 +79,10 @@ browser:
 $(addprefix lab-,$(LABS)): lab-%: install  # static pattern: make skips implicit rules for .PHONY targets
 	HF_HUB_OFFLINE=1 $(LLMLAB) $* --out $(OUT)
 
-# The one command to run on a GPU machine: every lab in --quick mode on cuda, each in its own process
-# (a crash does not stop the rest; its traceback is saved under $(OUT)/gpu-check/), ending in one
-# summary of labs run and claims held / not held / not measured ($(OUT)/gpu-check/summary.txt).
+# The one command to run on a GPU machine: first whether torch can use CUDA (if not: one line saying what to
+# install, exit 2, no lab runs); then every lab in --quick mode on cuda, each in its own process (a crash does
+# not stop the rest; its traceback is saved under $(OUT)/gpu-check/), llmlab serve under load for a minute and
+# a probe of the kernels the labs use, ending in a one-screen summary ($(OUT)/gpu-check/summary.txt).
 GPU_CHECK_DEVICE ?= cuda
 gpu-check: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m llmlab.core.gpucheck --device $(GPU_CHECK_DEVICE) --out $(OUT)
