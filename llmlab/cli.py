@@ -229,7 +229,8 @@ def generate_(
     device: DeviceOpt = "auto",
     gpu: GpuOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate.")] = 64,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy; > 0 samples.")] = 0.0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature, as chat tools default to; 0 = greedy (top-p then unused).")] = 0.8,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Sample from the smallest set of tokens holding this much probability (1 = all).")] = 0.95,
     seed: SeedOpt = 0,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own Python code (only if you trust it).")] = False,
 ) -> None:
@@ -240,16 +241,17 @@ def generate_(
     from llmlab.core.models import load, stream_generate
 
     lm = load(model, resolve_device(device, gpu), trust_remote_code=trust_remote_code)
+    mode = f"sampled: temperature {temperature}, top-p {top_p}, seed {seed}" if temperature > 0 else "greedy (temperature 0)"
     sys.stdout.write(prompt)
     sys.stdout.flush()
     n, t0 = 0, time.perf_counter()
-    for piece in stream_generate(lm, prompt, max_new_tokens, temperature, seed):
+    for piece in stream_generate(lm, prompt, max_new_tokens, temperature, seed, top_p):
         sys.stdout.write(piece)
         sys.stdout.flush()
         n += 1
     sys.stdout.write("\n")
     dt = time.perf_counter() - t0
-    err.print(f"[dim]{lm.ref}: {n} tokens in {dt:.2f} s ({1000 * dt / max(n, 1):.1f} ms/token, prefill included)[/]")
+    err.print(f"[dim]{lm.ref}, {mode}: {n} tokens in {dt:.2f} s ({1000 * dt / max(n, 1):.1f} ms/token, prefill included)[/]")
 
 
 @app.command("show", rich_help_panel=TOOLS)
@@ -305,18 +307,23 @@ def report(
 @app.command("serve", rich_help_panel=TOOLS)
 def serve_(
     model: ModelOpt = "tiny",
-    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only). The Host header must name it.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
     device: DeviceOpt = "auto",
+    gpu: GpuOpt = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16. auto: bfloat16 on a GPU, float32 on the CPU.")] = "auto",
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences in one step's batch.")] = 64,
-    kv_blocks: Annotated[int, typer.Option("--kv-blocks", min=1, help="KV cache pool, in blocks of 16 tokens.")] = 1024,
+    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", min=1, help="KV cache pool, in blocks of 16 tokens. Default: 1024 on the CPU; on CUDA what free memory leaves after the weights.", show_default=False)] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", min=0.05, max=1.0, help="CUDA: fraction of the GPU's memory the server may fill (weights, activations, KV pool), as in vLLM.")] = 0.9,
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one step (longer prompts are chunked).")] = 512,
     no_prefix_cache: Annotated[bool, typer.Option("--no-prefix-cache", help="Switch the prefix cache off.")] = False,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMLAB_API_KEY", help="Require `Authorization: Bearer KEY` on every route but /health (prefer the environment variable: a command line is visible to other users).", show_default=False)] = None,
 ) -> None:
     """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics) over llmlab's paged, continuously batching engine."""
     from llmlab.serving.server import serve
 
-    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens, log=err.print)
+    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens, log=err.print, gpu=gpu,
+          dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, api_key=api_key)
 
 
 tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
@@ -363,7 +370,7 @@ def tiny_train(
         if phase not in tasks:
             label = "tiny (cross-entropy)" if phase == "target" else "tiny-draft (KL to tiny)"
             tasks[phase] = progress.add_task(label, total=total, loss="-")
-        progress.update(tasks[phase], completed=step, loss=f"{loss:.3f}")
+        progress.update(tasks[phase], completed=step, total=total, loss=f"{loss:.3f}")
         if not err.is_terminal and (step % 25 == 0 or step == total):  # a log file (nohup): one line per 25 steps
             err.print(f"{datetime.now(timezone.utc):%H:%M:%S} {phase} step {step}/{total} loss {loss:.3f}", highlight=False)
 

@@ -44,10 +44,19 @@ def test_tokenizer_round_trips(pair):
 
 def test_lr_schedule_warms_up_then_decays():
     cfg = train.TrainConfig()
-    lrs = [train.lr_at(s, 100, 1.0, cfg) for s in range(100)]
-    assert lrs[0] < lrs[4] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[5:], lrs[6:], strict=False))
+    w = cfg.warmup_steps
+    lrs = [train.lr_at(s, 20 * w, 1.0, cfg) for s in range(20 * w)]
+    assert lrs[0] < lrs[w - 1] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[w:], lrs[w + 1:], strict=False))
     assert lrs[-1] == pytest.approx(cfg.min_lr_frac, abs=0.01)
+    # the warm-up does not depend on the total (what lets a run re-sized after it be reproduced)
+    assert [train.lr_at(s, 30 * w, 1.0, cfg) for s in range(w)] == lrs[:w]
+
+
+def test_budget_resizes_to_what_fits():
+    # warm-up of 100 steps took 200 s: 2 s a step, so 2,000 s more buys 1,000 steps
+    assert train.resized_total(5000, 100, 200.0, 2200.0) == 1100
+    assert train.resized_total(5000, 100, 200.0, 300.0) == 1000  # never fewer than 10 warm-ups
 
 
 def test_micro_training_loss_falls(tmp_path):

@@ -164,7 +164,7 @@ def render_card(out: Path) -> None:
         "## Training",
         "",
         f"- Seed {cfg['seed']}, windows of {cfg['seq_len']} tokens, batch {cfg['batch_size']}, AdamW (0.9, 0.95), weight decay "
-        f"{cfg['weight_decay']}, {int(cfg['warmup_frac'] * 100)} % linear warm-up then cosine to {int(cfg['min_lr_frac'] * 100)} %,"
+        f"{cfg['weight_decay']}, {cfg.get('warmup_steps', 'n/a')} steps of linear warm-up then cosine to {int(cfg['min_lr_frac'] * 100)} %,"
         f" gradient clip {cfg['grad_clip']}, torch threads {cfg['threads'] or 'default'}.",
         f"- `tiny`: {report['target_steps']} steps at peak LR {cfg['target_lr']} in {report['target_seconds'] / 60:.1f} min; "
         f"train loss (mean of the last 20 steps) {payload['final_train_loss_target']:.3f}.",

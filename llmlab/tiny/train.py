@@ -98,7 +98,10 @@ class TrainConfig:
     repeat_max: int = 128
     target_lr: float = 3e-3  # tiny models tolerate (and need) a high LR with warm-up
     draft_lr: float = 3e-3
-    warmup_frac: float = 0.05  # 5 % of steps of linear warm-up keeps the first high-LR steps stable
+    # A fixed count of linear warm-up steps keeps the first high-LR steps stable, and the LR before
+    # the end of warm-up never depends on the total: a --minutes run re-sizes its total there (from
+    # the seconds its warm-up steps really took), so --target-steps N reproduces it bit for bit.
+    warmup_steps: int = 100
     min_lr_frac: float = 0.1  # cosine decays to 10 % of peak, not to zero (nanoGPT)
     weight_decay: float = 0.1  # AdamW default for GPT-style training
     grad_clip: float = 1.0  # guards the high-LR start
@@ -115,7 +118,7 @@ class TrainConfig:
         """Seconds on 2 cores: what the tests run (topics only, toy shapes, a few steps)."""
         tiny = Arch(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=1)
         return cls(target=tiny, draft=tiny, vocab_size=512, corpus="topics", seq_len=32, batch_size=8,
-                   repeat_min=4, repeat_max=12, target_steps=30, draft_steps=10, eval_tokens=2048, warmup_frac=0.1)
+                   repeat_min=4, repeat_max=12, target_steps=30, draft_steps=10, eval_tokens=2048, warmup_steps=3)
 
 
 @dataclass
@@ -149,8 +152,8 @@ def build_data(cfg: TrainConfig) -> Data:
 
 
 def lr_at(step: int, total: int, peak: float, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to min_lr_frac * peak."""
-    warm = max(1, int(cfg.warmup_frac * total))
+    """Linear warm-up (warmup_steps, at most a tenth of a short run), then cosine decay to min_lr_frac * peak."""
+    warm = max(1, min(cfg.warmup_steps, total // 10))
     if step < warm:
         return peak * (step + 1) / warm
     progress = min(1.0, (step - warm) / max(1, total - warm))
@@ -239,13 +242,26 @@ def _kl_step(draft, target, batch, temperature: float):
     return kl * temperature**2
 
 
-def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, phase: str, on_step: OnStep | None):
+def resized_total(total: int, warm: int, seconds: float, budget_s: float) -> int:
+    """Steps that fit budget_s, given that the first warm steps took seconds (at least 10 warm-ups'
+    worth, so lr_at keeps the same warm-up)."""
+    return max(10 * warm, warm + int((budget_s - seconds) * warm / seconds))
+
+
+def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, phase: str, on_step: OnStep | None,
+         budget_s: float | None = None):
+    """Train for total steps; with budget_s, total is re-sized at the end of warm-up from the time it took."""
     import torch
 
     opt = _optimizer(model, lr, cfg)
     model.train()
     losses = []
-    for step in range(total):
+    warm = max(1, min(cfg.warmup_steps, total // 10))
+    t0 = time.perf_counter()
+    step = 0
+    while step < total:
+        if budget_s is not None and step == warm == cfg.warmup_steps:  # a short run keeps its steps
+            total = resized_total(total, warm, time.perf_counter() - t0, budget_s)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total, lr, cfg)
         loss = step_fn(next(data_iter))
@@ -256,6 +272,7 @@ def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, pha
         losses.append(loss.item())
         if on_step:
             on_step(phase, step + 1, total, losses[-1])
+        step += 1
     model.eval()
     return losses
 
@@ -275,27 +292,28 @@ def _seconds_per_step(model, step_fn, cfg: TrainConfig, data_iter) -> float:
     return sorted(times[1:])[1]  # the median of 3 after a warm-up step
 
 
-def train_target(cfg: TrainConfig, data: Data, on_step: OnStep | None = None):
+def train_target(cfg: TrainConfig, data: Data, on_step: OnStep | None = None, budget_s: float | None = None):
+    """budget_s (with cfg.minutes): seconds for this phase; steps sized from a trial step, re-sized after warm-up."""
     model = new_model(cfg.target, cfg.vocab_size, cfg.seed)
     steps = cfg.target_steps
-    if cfg.minutes is not None:
+    if budget_s is not None:
         sec = _seconds_per_step(model, _ce_step, cfg, batches(data.train_ids, cfg, cfg.seed + 100))
-        steps = max(10, int(cfg.minutes * 60 * cfg.target_share / sec))
+        steps = max(10, int(budget_s / sec))
     losses = _run(model, lambda b: _ce_step(model, b), steps, cfg.target_lr, cfg,
-                  batches(data.train_ids, cfg, cfg.seed), "target", on_step)
+                  batches(data.train_ids, cfg, cfg.seed), "target", on_step, budget_s)
     return model, losses
 
 
-def distill_draft(cfg: TrainConfig, data: Data, target, on_step: OnStep | None = None):
+def distill_draft(cfg: TrainConfig, data: Data, target, on_step: OnStep | None = None, budget_s: float | None = None):
     draft = new_model(cfg.draft, cfg.vocab_size, cfg.seed + 1)
     steps = cfg.draft_steps
     T = cfg.distill_temperature
-    if cfg.minutes is not None:
+    if budget_s is not None:
         sec = _seconds_per_step(draft, lambda m, b: _kl_step(m, target, b, T), cfg,
                                 batches(data.train_ids, cfg, cfg.seed + 101))
-        steps = max(10, int(cfg.minutes * 60 * (1 - cfg.target_share) / sec))
+        steps = max(10, int(budget_s / sec))
     losses = _run(draft, lambda b: _kl_step(draft, target, b, T), steps, cfg.draft_lr, cfg,
-                  batches(data.train_ids, cfg, cfg.seed + 1), "draft", on_step)
+                  batches(data.train_ids, cfg, cfg.seed + 1), "draft", on_step, budget_s)
     return draft, losses
 
 
@@ -334,11 +352,13 @@ def train_pair(cfg: TrainConfig, out: Path, on_step: OnStep | None = None) -> tu
         torch.set_num_threads(cfg.threads)
     out = Path(out)
     data = build_data(cfg)
+    budget = cfg.minutes * 60 if cfg.minutes is not None else None
     t0 = time.perf_counter()
-    target, t_losses = train_target(cfg, data, on_step)
+    target, t_losses = train_target(cfg, data, on_step, budget and budget * cfg.target_share)
     t1 = time.perf_counter()
     save_model(target, data.tokenizer, out / "tiny")
-    draft, d_losses = distill_draft(cfg, data, target, on_step)
+    # the draft gets what the target left of the budget (a slow target phase shortens it, not the deadline)
+    draft, d_losses = distill_draft(cfg, data, target, on_step, budget and max(60.0, budget - (t1 - t0)))
     t2 = time.perf_counter()
     save_model(draft, data.tokenizer, out / "tiny-draft")
     cfg_dict = asdict(replace(cfg, target_steps=len(t_losses), draft_steps=len(d_losses), minutes=None))
