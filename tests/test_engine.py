@@ -131,3 +131,184 @@ def test_block_manager_prefix_chain():
     assert bm.match_prefix(t2, [1, 2, 3, 4, 9]) == 4  # both full blocks hit
     t3: list[int] = []
     assert bm.match_prefix(t3, [9, 2, 3, 4, 9]) == 0  # same second block after another parent: no hit
+
+
+# ---------------------------------------------------------------- the exactness check itself
+
+
+def test_check_exact_compares_every_computed_position_with_hf(model):
+    eng = Engine(model, EngineConfig(max_num_batched_tokens=24))
+    prompts = prompts_of([33, 9], seed=8)
+    r = check_exact(eng, prompts, max_new_tokens=5)
+    # round 1: 33 + 9 prompt positions + 2 x 4 decodes; round 2 (prompt + reply + 3) recomputes past its cached blocks
+    assert r["decode_positions"] >= 2 * 2 * 4 and r["positions"] > sum(map(len, prompts)) + 8
+    assert r["prefix_hit_tokens"] == 32  # a follow-up hits its first turn's full blocks: 33 + 4 computed = 2 blocks; 9 + 4 none
+    assert r["max_abs_logit_diff"] <= ATOL and r["greedy_tokens_equal"] and r["atol"] == ATOL
+
+
+def _read_one_slot_past(monkeypatch):
+    """Plant the bug the check must catch: decode attention reads one key past the sequence's end."""
+    from llmlab.serving.model_runner import ModelRunner
+
+    orig = ModelRunner.decode_attention
+
+    def bad(self, q, kb, vb, tables, lens, same_len):
+        return orig(self, q, kb, vb, tables, lens + 1, None if same_len is None else same_len + 1)
+
+    monkeypatch.setattr(ModelRunner, "decode_attention", bad)
+
+
+def test_check_exact_catches_decode_reading_one_slot_past(model, monkeypatch):
+    _read_one_slot_past(monkeypatch)
+    prompts = prompts_of([40, 20], seed=9)
+    r = check_exact(Engine(model, EngineConfig(max_num_batched_tokens=48)), prompts, max_new_tokens=6, strict=False)
+    assert r["max_abs_logit_diff"] > 10 * ATOL  # 9.4e-3 measured: only decode positions are wrong
+    with pytest.raises(AssertionError, match="differs from HF"):
+        check_exact(Engine(model, EngineConfig(max_num_batched_tokens=48)), prompts, max_new_tokens=6)
+
+
+def test_bf16_engine_is_checked_against_the_bf16_bar():
+    from llmlab.serving.engine import exact_atol
+
+    m = load("tiny", "cpu").model
+    eng = Engine(m, EngineConfig(dtype="bfloat16", max_num_batched_tokens=24))  # casts the model in place
+    assert next(m.parameters()).dtype == torch.bfloat16 and eng.runner.k_cache.dtype == torch.bfloat16
+    r = check_exact(eng, prompts_of([20, 11], seed=10), max_new_tokens=4, strict=False)
+    assert r["atol"] == exact_atol(torch.bfloat16) > ATOL and r["dtype"] == "bfloat16"
+    assert ATOL < r["max_abs_logit_diff"] <= r["atol"]  # 0.06 measured: BF16 rounding, not FP32's 1e-6
+
+
+# ---------------------------------------------------------------- attention backends
+
+
+def test_sdpa_calls_without_a_mask_where_none_is_needed(model):
+    eng = Engine(model, EngineConfig(max_num_batched_tokens=64))
+    eng.generate(prompts_of([10, 10, 10], seed=11), RequestParams(max_tokens=4, ignore_eos=True))
+    kinds = {k.split()[0] for k in eng.attention_backends}
+    assert kinds == {"prefill", "decode"}  # same-length decodes read exactly their keys: no ragged (masked) call
+    eng.generate(prompts_of([10, 30], seed=12), RequestParams(max_tokens=4, ignore_eos=True))
+    assert "decode-ragged" in {k.split()[0] for k in eng.attention_backends}
+
+
+def test_kv_is_expanded_where_only_that_gets_a_fused_kernel(model, monkeypatch):
+    """CUDA's rule, played on the CPU: a GQA call with a mask gets MATH, the expanded call a fused kernel."""
+    from llmlab.serving import model_runner as MR
+
+    def oracle(q, k, v, mask=None, is_causal=False, enable_gqa=False):
+        return "MATH" if enable_gqa and mask is not None else "EFFICIENT_ATTENTION"
+
+    monkeypatch.setattr(MR, "sdpa_backend", oracle)
+    eng = Engine(model, EngineConfig(max_num_batched_tokens=16))
+    eng.runner.expand_kv_for_fused = True
+    assert eng.runner.n_kv < eng.runner.n_heads  # tiny is GQA, so the rule applies
+    prompts = prompts_of([30, 7], seed=13)
+    got = eng.prefill_logits(prompts)  # chunks of 16 after cached keys: masked calls
+    assert max_diff(model, prompts, got) <= ATOL  # expanding K/V changes nothing but the kernel
+    assert eng.attention_backends.get("prefill-after-cache EFFICIENT_ATTENTION", 0) > 0
+    assert not any(k.endswith("MATH") for k in eng.attention_backends)
+
+
+# ---------------------------------------------------------------- batch building
+
+
+def test_a_step_makes_one_host_tensor_and_views_of_it(model, monkeypatch):
+    from llmlab.serving import engine as E
+
+    made = []
+    real = E.host_to_device
+    monkeypatch.setattr(E, "host_to_device", lambda values, dev: made.append(len(values)) or real(values, dev))
+    eng = Engine(model, EngineConfig(max_num_batched_tokens=20))
+    for p in prompts_of([30, 5, 6], seed=14):
+        eng.add_request(p, RequestParams(max_tokens=3, ignore_eos=True))
+    b = eng.build_batch(eng.scheduler.schedule())
+    assert len(made) == 1
+    base = b.input_ids.untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base for t in (b.positions, b.slots, b.decode_tables, b.logit_rows,
+                                                                *(p[3] for p in b.prefills)))
+
+
+def test_host_to_device_pins_and_copies_without_blocking_on_cuda(monkeypatch):
+    from llmlab.serving.engine import host_to_device
+
+    seen = {}
+    real_tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **kw: seen.update(pin=kw.pop("pin_memory", False)) or real_tensor(*a, **kw))
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, dev, non_blocking=False: seen.update(dev=str(dev), nb=non_blocking) or self)
+    assert host_to_device([1, 2, 3], torch.device("cuda", 0)).tolist() == [1, 2, 3]
+    assert seen == {"pin": True, "dev": "cuda:0", "nb": True}
+    seen.clear()
+    host_to_device([1], torch.device("cpu"))
+    assert seen == {"pin": False}  # pinned memory only where CUDA is
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def _sampled_seqs(n, **params):
+    from llmlab.serving.scheduler import Sequence
+
+    return [Sequence(i, [1], RequestParams(temperature=params.pop("temperature", 0.7), **params)) for i in range(n)]
+
+
+def test_batched_sampling_draws_from_the_processed_distribution(model):
+    from scipy.stats import chisquare
+
+    from llmlab.inference import sampling
+
+    eng = Engine(model, EngineConfig(num_blocks=4))
+    row = torch.randn(1, 4096, generator=torch.Generator().manual_seed(0)) * 3
+    seqs = _sampled_seqs(4000, temperature=0.7, top_k=6)
+    got = torch.tensor(eng.sample(row.expand(4000, -1), seqs))
+    p = sampling.probs(row, temperature=0.7, top_k=6)[0]
+    keep = p.nonzero()[:, 0]
+    counts = (got[:, None] == keep[None]).sum(0)
+    assert int(counts.sum()) == 4000  # nothing outside the top 6
+    expected = p[keep].double().numpy()
+    assert chisquare(counts.numpy(), 4000 * expected / expected.sum()).pvalue > 1e-3
+
+
+def test_sampling_syncs_once_per_group_not_per_row(model, monkeypatch):
+    calls = [0]
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _r=real, **k: calls.__setitem__(0, calls[0] + 1) or _r(self, *a, **k))
+    eng = Engine(model, EngineConfig(num_blocks=4))
+    logits = torch.randn(64, 4096)
+
+    def syncs(n):
+        calls[0] = 0
+        eng.sample(logits[:n], _sampled_seqs(n // 2, top_p=0.9) + _sampled_seqs(n // 2, temperature=0.0))
+        return calls[0]
+
+    assert syncs(64) == syncs(4) <= 4  # the .tolist() + sampling's row checks of one group, whatever the rows
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_or_in_company(model):
+    eng = Engine(model, EngineConfig())
+    p, others = prompts_of([10], seed=15)[0], prompts_of([7, 12, 9], seed=16)
+    seeded = RequestParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True)
+    alone = eng.generate([p], seeded)[0].output_ids
+    crowd = eng.generate([p, *others], [seeded] + [RequestParams(max_tokens=12, temperature=1.0, top_p=0.9, ignore_eos=True)] * 3)
+    assert crowd[0].output_ids == alone
+
+
+# ---------------------------------------------------------------- the KV pool from memory
+
+
+def test_num_blocks_for_memory_is_what_is_left_after_weights_and_a_step(model):
+    from llmlab.serving.engine import kv_bytes_per_block, num_blocks_for_memory, step_reserve_bytes
+
+    class Dev:
+        def total_memory_bytes(self):
+            return 80 * 2**30
+
+        def free_memory_bytes(self):
+            return 70 * 2**30  # 10 GiB in use: the weights and whatever else
+
+    per = kv_bytes_per_block(model, 16)
+    assert per == 2 * 6 * 16 * model.config.num_key_value_heads * 64 * 4  # K and V, 6 layers, 16 tokens, FP32
+    reserve = step_reserve_bytes(model, 64, 512, 1024)
+    n = num_blocks_for_memory(model, Dev(), 16, 0.9, 64, 512, 1024)
+    assert n == int((0.9 * 80 * 2**30 - 10 * 2**30 - reserve) // per)
+    with pytest.raises(ValueError, match="no room"):
+        num_blocks_for_memory(model, Dev(), 16, 0.1)

@@ -21,18 +21,28 @@ References:
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 
+from llmlab.core.models import torch_dtype
 from llmlab.inference import sampling
 from llmlab.serving.block_manager import BlockManager
 from llmlab.serving.model_runner import Batch, ModelRunner
 from llmlab.serving.scheduler import RequestParams, Scheduled, Scheduler, Sequence, Status
 
 now_ns = time.perf_counter_ns
+
+
+def host_to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """(n,) int64 on `device` from a host list. CUDA: pinned host memory and one non-blocking copy (the copy
+    overlaps the host's work; the step's .tolist() syncs before the next batch is built). CPU: no copy at all."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.long)
+    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget per step: a few prompts per step, decode steps not stalled long
     enable_prefix_cache: bool = True  # on by default, as in vLLM v1
     max_model_len: int | None = None  # None: the model's max_position_embeddings (and no more than the pool)
+    dtype: str | None = None  # weights and KV cache ("float32", "bfloat16", "float16"); None: the model's own dtype
 
     def __post_init__(self):
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
@@ -74,6 +85,8 @@ class StepOutput:
 class Engine:
     def __init__(self, model, cfg: EngineConfig = EngineConfig(), eos_token_id: int | None = None):
         self.cfg = cfg
+        if cfg.dtype is not None and next(model.parameters()).dtype != torch_dtype(cfg.dtype):
+            model.to(torch_dtype(cfg.dtype))  # in place, as vLLM loads its weights in --dtype
         self.model = model
         self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_cache)
         self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
@@ -86,7 +99,7 @@ class Engine:
         self.num_steps = 0
         self.record_logits = False
         self._ids = itertools.count()
-        self._seeds = itertools.count(1_000_003)
+        self.generator = torch.Generator(device=self.runner.device).manual_seed(1_000_003)  # every unseeded sampled row
         self.seqs: dict[int, Sequence] = {}
 
     # ---------------------------------------------------------------- requests
@@ -104,8 +117,8 @@ class Engine:
                     tokenized_ns: int | None = None) -> Sequence:
         self.check_request(len(prompt_ids), params)
         gen = None
-        if params.temperature > 0:
-            gen = torch.Generator(device=self.runner.device).manual_seed(params.seed if params.seed is not None else next(self._seeds))
+        if params.temperature > 0 and params.seed is not None:  # its own stream: the same tokens whatever runs beside it
+            gen = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         t = now_ns()
         seq = Sequence(next(self._ids), list(map(int, prompt_ids)), params, gen, arrival_ns=arrival_ns or t, tokenized_ns=tokenized_ns or t)
         if self.record_logits:
@@ -126,7 +139,7 @@ class Engine:
     # ---------------------------------------------------------------- one step
 
     def build_batch(self, sched: list[Scheduled]) -> Batch:
-        """Plain Python lists, one tensor each at the end: small per-sequence tensors cost more than the lists."""
+        """Plain Python lists, packed into one int64 tensor, one host-to-device copy; every field is a view of it."""
         bs = self.cfg.block_size
         ids, pos, slots, prefills, d_rows, d_tables, d_lens, logit_rows = [], [], [], [], [], [], [], []
         row = 0
@@ -147,25 +160,40 @@ class Engine:
             elif s.samples:
                 logit_rows.append(row + n - 1)
             row += n
-        dev = self.runner.device
-        long = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)  # noqa: E731
         nb = max((len(t) for t in d_tables), default=0)
-        tables = long([t + [0] * (nb - len(t)) for t in d_tables]).view(len(d_tables), nb)  # (Nd, nb) padded with block 0 (masked)
-        mask = torch.arange(nb * bs, device=dev)[None, :] < long(d_lens)[:, None]  # (Nd, nb * B)
+        padded = [b for t in d_tables for b in t + [0] * (nb - len(t))]  # (Nd, nb) padded with block 0 (never read)
+        parts = [ids, pos, slots, d_rows, d_lens, logit_rows, padded] + [t for *_, t in prefills]
+        ids_t, pos_t, slots_t, rows_t, lens_t, logit_t, tables_t, *p_tables = host_to_device(
+            list(itertools.chain.from_iterable(parts)), self.runner.device).split([len(x) for x in parts])
         return Batch(
-            input_ids=long(ids), positions=long(pos), slots=long(slots), prefills=[(r, n, c, long(t)) for r, n, c, t in prefills],
-            decode_rows=long(d_rows), decode_tables=tables, decode_mask=mask, logit_rows=long(logit_rows),
+            input_ids=ids_t, positions=pos_t, slots=slots_t,
+            prefills=[(r, n, c, t) for (r, n, c, _), t in zip(prefills, p_tables, strict=True)],
+            decode_rows=rows_t, decode_tables=tables_t.view(len(d_tables), nb), decode_lens=lens_t,
+            decode_len=d_lens[0] if d_lens and min(d_lens) == max(d_lens) else None, logit_rows=logit_t,
         )
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits (M, V) -> one token per sequence: greedy rows in one argmax, the others one by one with their own generator."""
-        out = logits.argmax(dim=-1).tolist()
+        """logits (M, V) -> one token per sequence; the one `.tolist()` at the end is the step's host sync.
+
+        Greedy rows: one argmax. Sampled rows: grouped by identical parameters, each group's probabilities
+        computed once (temperature, top-k, top-p, min-p; `sampling`'s row checks sync once each per group);
+        a group's unseeded rows draw in one multinomial from the engine's generator, a seeded row from its own
+        generator (its tokens then do not depend on what else runs in the step)."""
+        out = logits.argmax(dim=-1)  # (M,)
+        groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(seqs):
             p = seq.params
             if p.temperature > 0:
-                out[i] = int(sampling.sample(logits[i : i + 1], generator=seq.generator, temperature=p.temperature,
-                                             top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)[0])
-        return out
+                groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(i)
+        for (t, k, tp, mp), rows in groups.items():
+            pr = sampling.probs(logits[rows], temperature=t, top_k=k, top_p=tp, min_p=mp)  # (G, V)
+            shared = [j for j, i in enumerate(rows) if seqs[i].generator is None]
+            if shared:
+                out[[rows[j] for j in shared]] = torch.multinomial(pr[shared], 1, generator=self.generator)[:, 0]
+            for j, i in enumerate(rows):
+                if seqs[i].generator is not None:
+                    out[i : i + 1] = torch.multinomial(pr[j : j + 1], 1, generator=seqs[i].generator)[:, 0]
+        return out.tolist()
 
     def step(self) -> StepOutput | None:
         """Schedule, run one ragged forward, sample, stamp; None when there is nothing to do."""
@@ -183,9 +211,9 @@ class Engine:
         if self.record_logits:
             row = 0
             for s in sched:
-                s.seq.debug_logits.append(logits[row : row + s.n_tokens].clone())
+                s.seq.debug_logits.append((s.seq.num_computed, logits[row : row + s.n_tokens].clone()))  # (first position, (n, V))
                 row += s.n_tokens
-            logits = torch.stack([s.seq.debug_logits[-1][-1] for s in sampled]) if sampled else logits[:0]
+            logits = torch.stack([s.seq.debug_logits[-1][1][-1] for s in sampled]) if sampled else logits[:0]
         new = self.sample(logits, [s.seq for s in sampled])  # .tolist() syncs the device
         t1 = now_ns()
         tokens, finished = [], []
@@ -223,21 +251,95 @@ class Engine:
             self.step()
         return seqs
 
-    def prefill_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
-        """Logits (T_i - cached_i, V) of every computed prompt position, prompts batched as the scheduler likes."""
+    def generate_recorded(self, prompts: list[list[int]], params: RequestParams) -> list[Sequence]:
+        """`generate` with the logits of every computed position kept on each sequence (see `computed_logits`)."""
         self.record_logits = True
         try:
-            seqs = self.generate(prompts, RequestParams(max_tokens=1, ignore_eos=True))
+            return self.generate(prompts, params)
         finally:
             self.record_logits = False
-        return [torch.cat(s.debug_logits)[: len(s.prompt_ids) - s.num_cached_prompt] for s in seqs]
+
+    def prefill_logits(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Logits (T_i - cached_i, V) of every computed prompt position, prompts batched as the scheduler likes."""
+        seqs = self.generate_recorded(prompts, RequestParams(max_tokens=1, ignore_eos=True))
+        return [computed_logits(s)[1] for s in seqs]
+
+    @property
+    def attention_backends(self) -> dict[str, int]:
+        """SDPA calls per kind and backend so far ("decode FLASH_ATTENTION": n), as torch's dispatcher chose them."""
+        return dict(self.runner.backends)
 
     def reset_stats(self) -> None:
         self.steps.clear()
         self.scheduler.num_preemptions = self.scheduler.prefix_queries = self.scheduler.prefix_hits = 0
 
 
+# ---------------------------------------------------------------- sizing the KV pool
+
+
+def kv_bytes_per_block(model, block_size: int = 16) -> int:
+    """K and V of one block across every layer, in the model's dtype."""
+    c = model.config
+    n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * block_size * n_kv * head_dim * next(model.parameters()).element_size()
+
+
+def step_reserve_bytes(model, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> int:
+    """What one step needs beside the weights and the pool (an upper estimate): the activations of the step's
+    tokens, float32 logits and sampling buffers of its sequences, and decode attention's gathered K/V
+    (every decode's blocks padded to the longest context, expanded to the query heads)."""
+    c = model.config
+    elem = next(model.parameters()).element_size()
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    acts = max_num_batched_tokens * (4 * c.hidden_size + 3 * c.intermediate_size + (c.num_attention_heads + 2 * n_kv) * head_dim) * elem
+    logits = 3 * max_num_seqs * c.vocab_size * 4
+    gather = 2 * max_num_seqs * max_model_len * c.num_attention_heads * head_dim * elem
+    return acts + logits + gather
+
+
+def num_blocks_for_memory(model, device, block_size: int = 16, memory_utilization: float = 0.9, max_num_seqs: int = 64,
+                          max_num_batched_tokens: int = 512, max_model_len: int | None = None) -> int:
+    """KV blocks for `EngineConfig.num_blocks`, sized as vLLM's --gpu-memory-utilization sizes its pool: this
+    process may hold `memory_utilization` of the device's memory; what is in use now (the weights, loaded
+    before this call) counts against it, one step's transient work (`step_reserve_bytes`) is reserved, and
+    the rest becomes blocks. `device`: an llmlab Device (free / total memory: CUDA's mem_get_info, or RAM).
+    ValueError when not one block fits."""
+    if not 0 < memory_utilization <= 1:
+        raise ValueError(f"memory utilisation must be in (0, 1], got {memory_utilization}")
+    ctx = max_model_len or getattr(model.config, "max_position_embeddings", 4096)
+    total, free = device.total_memory_bytes(), device.free_memory_bytes()
+    budget = memory_utilization * total - (total - free) - step_reserve_bytes(model, max_num_seqs, max_num_batched_tokens, ctx)
+    n = math.floor(budget / kv_bytes_per_block(model, block_size)) if budget > 0 else 0
+    if n < 1:
+        raise ValueError(f"no room for a KV block: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB, "
+                         f"{memory_utilization:.0%} allowed, after the weights and a step's work")
+    return n
+
+
 # ---------------------------------------------------------------- exactness, before any timing
+
+
+def computed_logits(seq: Sequence) -> tuple[list[int], torch.Tensor]:
+    """(positions, (P, V) logits) of every position the engine computed for a recorded sequence; a position
+    computed twice (recomputed after a preemption) keeps its last logits."""
+    rows: dict[int, torch.Tensor] = {}
+    for start, chunk in seq.debug_logits or []:
+        rows.update({start + i: r for i, r in enumerate(chunk)})
+    pos = sorted(rows)
+    return pos, torch.stack([rows[i] for i in pos]) if pos else torch.empty(0)
+
+
+# The bar for "the engine computes what HF computes": FP32 differs only by summation order (~1e-6 on logits
+# of magnitude ~10); BF16 / FP16 round every activation to 8 / 11 mantissa bits, and two correct kernels
+# that add in different orders differ by a few units of the last place of the logits' scale.
+EXACT_ATOL = {torch.float32: 1e-4, torch.bfloat16: 0.25, torch.float16: 0.05}
+
+
+def exact_atol(dtype: torch.dtype) -> float:
+    """Max |logit diff| vs HF the check accepts for a model in `dtype`."""
+    return EXACT_ATOL.get(dtype, 1e-4)
 
 
 @torch.inference_mode()
@@ -246,21 +348,37 @@ def hf_logits(model, prompt: list[int]) -> torch.Tensor:
     return model(input_ids=torch.tensor([prompt], device=next(model.parameters()).device)).logits[0].float()
 
 
-def check_exact(engine: Engine, prompts: list[list[int]], max_new_tokens: int = 8, atol: float = 1e-4) -> dict:
-    """Logits vs HF for every prompt position (batched, chunked or cached as the engine's config makes
-    them), then greedy tokens vs `inference.decode.generate`. Raises AssertionError on a mismatch."""
-    from llmlab.inference.decode import generate
+def check_exact(engine: Engine, prompts: list[list[int]], max_new_tokens: int = 8, atol: float | None = None,
+                strict: bool = True) -> dict:
+    """The engine against HF's own forward over the same tokens, at every position the engine computes.
 
-    worst = 0.0
-    for p, got in zip(prompts, engine.prefill_logits(prompts), strict=True):
-        ref = hf_logits(engine.model, p)[len(p) - got.shape[0] :]
-        worst = max(worst, float((got - ref).abs().max()))
-    if worst > atol:
-        raise AssertionError(f"engine logits differ from HF's by {worst:.2e} > {atol:g}")
-    seqs = engine.generate(prompts, RequestParams(max_tokens=max_new_tokens, ignore_eos=True))
-    for p, s in zip(prompts, seqs, strict=True):
-        dev = next(engine.model.parameters()).device
-        ref = generate(engine.model, torch.tensor([p], device=dev), max_new_tokens).tokens[0].tolist()
-        if s.output_ids != ref:
-            raise AssertionError(f"greedy output differs from decode.generate: {s.output_ids} vs {ref}")
-    return {"max_abs_logit_diff": worst, "prompts": len(prompts), "greedy_tokens_equal": True}
+    Round 1 runs the prompts greedily for `max_new_tokens` (batched, chunked as the engine's config makes
+    them: prefill chunks, then decode steps); round 2 sends each prompt again extended by its reply and three
+    more tokens (a follow-up turn: its history hits the prefix cache when the cache is on), so prefix-hit
+    continuations are computed too. Every computed position's logits are compared with HF's forward over the
+    sequence (max |diff|), and each greedy token with HF's argmax at its position (a token within `atol` of
+    the top logit counts as a tie). `atol` defaults to `exact_atol(dtype)`. strict: raise AssertionError on a
+    mismatch (what a server does before serving); else only the report says it (what a lab's judge reads)."""
+    dtype = next(engine.model.parameters()).dtype
+    atol = exact_atol(dtype) if atol is None else atol
+    greedy = lambda n: RequestParams(max_tokens=n, ignore_eos=True)  # noqa: E731
+    first = engine.generate_recorded(prompts, greedy(max_new_tokens))
+    second = engine.generate_recorded([p + s.output_ids + p[:3] for p, s in zip(prompts, first, strict=True)],
+                                      greedy(max_new_tokens))
+    worst, n_pos, n_decode, bad = 0.0, 0, 0, []
+    for s in first + second:
+        pos, got = computed_logits(s)
+        ref = hf_logits(engine.model, s.token_ids[:-1])  # (len - 1, V): position i predicts token i + 1
+        worst = max(worst, float((got - ref[pos]).abs().max()))
+        n_pos, n_decode = n_pos + len(pos), n_decode + sum(1 for i in pos if i >= len(s.prompt_ids))
+        out_ref = ref[len(s.prompt_ids) - 1 :]  # (outputs, V)
+        top = out_ref.max(dim=-1).values
+        mine = out_ref.gather(1, torch.tensor(s.output_ids, device=out_ref.device)[:, None])[:, 0]
+        bad += [s.seq_id] if bool((mine < top - atol).any()) else []
+    report = {"max_abs_logit_diff": worst, "atol": atol, "dtype": str(dtype).removeprefix("torch."), "prompts": len(prompts),
+              "positions": n_pos, "decode_positions": n_decode, "prefix_hit_tokens": sum(s.num_cached_prompt for s in second),
+              "greedy_tokens_equal": not bad, "greedy_mismatched_sequences": len(bad)}
+    if strict and (worst > atol or bad):
+        raise AssertionError(f"engine differs from HF: max |logit diff| {worst:.2e} (bar {atol:g}), "
+                             f"{len(bad)} sequences with a greedy token that is not HF's argmax")
+    return report

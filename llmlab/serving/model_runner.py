@@ -15,8 +15,11 @@ sequence, and it reads each sequence's keys and values through its block table:
   A fully ragged decode attention (scores per key, per-sequence softmax by scatter max and
   index_add, no padding) was exact too but 2-4x slower on a CPU: gathering single slots costs
   more than gathering whole blocks.
-On CUDA the same calls run (SDPA picks its fused kernel where the mask allows, else the math
-path); there is no paged-attention kernel here: that is what vLLM's and FlashInfer's kernels add.
+SDPA calls take no mask where none is needed (a prefill with nothing cached is plain causal; decodes
+of equal length read exactly their keys), so a fused kernel can run; on CUDA, where SDPA's GQA call
+with a mask falls to the math path, K/V are expanded to the query heads when that gets a fused
+kernel. `backends` counts which backend each kind of call got (torch's own dispatcher is asked).
+There is no paged-attention kernel here: that is what vLLM's and FlashInfer's kernels add.
 
 The weights are the Hugging Face model's own modules (Linear layers, embeddings, the rotary
 embedding module, so RoPE scaling is computed exactly as HF computes it for the config);
@@ -32,6 +35,7 @@ References:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +44,7 @@ import torch.nn.functional as F
 
 @dataclass
 class Batch:
-    """One step's ragged batch, built by the engine."""
+    """One step's ragged batch, built by the engine (every tensor a view of one host-to-device copy)."""
 
     input_ids: torch.Tensor  # (N,) the new tokens of all scheduled sequences, concatenated
     positions: torch.Tensor  # (N,) each token's position in its sequence
@@ -48,8 +52,25 @@ class Batch:
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (start row, new tokens, context length, block table (nb,))
     decode_rows: torch.Tensor  # (Nd,) rows of decode tokens in the batch
     decode_tables: torch.Tensor  # (Nd, max_blocks) block tables of the decoding sequences, padded with block 0
-    decode_mask: torch.Tensor  # (Nd, max_blocks * block_size) True where a position holds one of the sequence's keys
+    decode_lens: torch.Tensor  # (Nd,) keys each decoding sequence has (its context, the new token included)
+    decode_len: int | None  # the one length when every decode has the same (then no mask), else None
     logit_rows: torch.Tensor  # (M,) rows whose logits are wanted
+
+
+# ---------------------------------------------------------------- SDPA backends
+
+def sdpa_backend(q, k, v, mask=None, is_causal: bool = False, enable_gqa: bool = False) -> str:
+    """The backend torch's SDPA dispatcher picks for these inputs (FLASH_ATTENTION, EFFICIENT_ATTENTION,
+    CUDNN_ATTENTION, MATH, ...): what `F.scaled_dot_product_attention` would run, asked without running it."""
+    from torch.nn.attention import SDPBackend
+
+    choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, enable_gqa=enable_gqa)
+    return SDPBackend(choice).name
+
+
+def expand_kv(k: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, Hkv, T, D) -> (B, Hkv * groups, T, D): each KV head repeated for its query heads (GQA made MHA)."""
+    return k if groups == 1 else k.repeat_interleave(groups, dim=1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,27 +106,63 @@ class ModelRunner:
         shape = (cfg.num_hidden_layers, num_blocks * block_size, self.n_kv, self.head_dim)
         self.k_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)  # (L, slots, Hkv, D)
         self.v_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        # On CUDA SDPA's GQA path has no fused kernel with a mask: K/V are expanded to the query heads where that
+        # gets one. The CPU's SDPA has a fused kernel either way, so it keeps the GQA call.
+        self.expand_kv_for_fused = self.device.type == "cuda"
+        self._plans: dict[tuple, tuple[bool, str]] = {}  # (kind, masked, causal) -> (expand K/V, backend)
+        self.backends: Counter[str] = Counter()  # "decode EFFICIENT_ATTENTION" -> SDPA calls
 
     # ---------------------------------------------------------------- attention
+
+    def _plan(self, q, k, v, mask, is_causal: bool) -> tuple[bool, str]:
+        """(expand K/V?, the backend SDPA will pick) for one kind of call: GQA as is unless only expansion gets a fused kernel."""
+        gqa = self.n_heads != self.n_kv
+        backend = sdpa_backend(q, k, v, mask, is_causal, enable_gqa=gqa)
+        if gqa and self.expand_kv_for_fused and backend == "MATH":
+            g = self.n_heads // self.n_kv
+            expanded = sdpa_backend(q, expand_kv(k, g), expand_kv(v, g), mask, is_causal)
+            if expanded != "MATH":
+                return True, expanded
+        return False, backend
+
+    def attend(self, kind: str, q, k, v, mask=None, is_causal: bool = False) -> torch.Tensor:
+        """q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) -> (B, Hq, Tq, D) through SDPA; the backend it gets is counted."""
+        key = (kind, mask is not None, is_causal)
+        if key not in self._plans:
+            self._plans[key] = self._plan(q, k, v, mask, is_causal)
+        expand, backend = self._plans[key]
+        self.backends[f"{kind} {backend}"] += 1
+        gqa = self.n_heads != self.n_kv
+        if expand:
+            k, v = expand_kv(k, self.n_heads // self.n_kv), expand_kv(v, self.n_heads // self.n_kv)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                                              enable_gqa=gqa and not expand)
 
     def prefill_attention(self, q, k_all, v_all, n_new: int) -> torch.Tensor:
         """q (n, Hq, D), k_all/v_all (ctx, Hkv, D) -> (n, Hq, D); query i sits at position ctx - n + i."""
         ctx = k_all.shape[0]
         qt, kt, vt = q.transpose(0, 1)[None], k_all.transpose(0, 1)[None], v_all.transpose(0, 1)[None]  # (1, H, T, D)
-        if ctx == n_new:
-            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=self.scale, enable_gqa=True)
-        else:
+        if ctx == n_new:  # nothing cached before the chunk: plain causal, no mask
+            o = self.attend("prefill", qt, kt, vt, is_causal=True)
+        else:  # a chunk after cached keys: causal offset by ctx - n (SDPA's is_causal aligns top-left, so a mask)
             qpos = torch.arange(ctx - n_new, ctx, device=q.device)[:, None]  # (n, 1)
             mask = torch.arange(ctx, device=q.device)[None, :] <= qpos  # (n, ctx)
-            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            o = self.attend("prefill-after-cache", qt, kt, vt, mask=mask)
         return o[0].transpose(0, 1)  # (n, Hq, D)
 
-    def decode_attention(self, q, kb, vb, tables, mask) -> torch.Tensor:
-        """q (Nd, Hq, D); kb/vb (blocks, B, Hkv, D); tables (Nd, nb); mask (Nd, nb * B) -> (Nd, Hq, D)."""
+    def decode_attention(self, q, kb, vb, tables, lens, same_len: int | None) -> torch.Tensor:
+        """q (Nd, Hq, D); kb/vb (blocks, B, Hkv, D); tables (Nd, nb); lens (Nd,) keys per sequence -> (Nd, Hq, D).
+
+        One query per sequence: when every sequence has `same_len` keys, the gathered keys are cut to exactly
+        that many and need no mask; otherwise a mask hides each sequence's padding past its length."""
         nd, nb = tables.shape
         k = kb.index_select(0, tables.view(-1)).view(nd, nb * self.block_size, self.n_kv, self.head_dim).transpose(1, 2)  # (Nd, Hkv, T, D)
         v = vb.index_select(0, tables.view(-1)).view(nd, nb * self.block_size, self.n_kv, self.head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True)
+        if same_len is not None:
+            o = self.attend("decode", q.unsqueeze(2), k[:, :, :same_len], v[:, :, :same_len])
+        else:
+            mask = torch.arange(nb * self.block_size, device=q.device)[None, :] < lens[:, None]  # (Nd, nb * B)
+            o = self.attend("decode-ragged", q.unsqueeze(2), k, v, mask=mask[:, None, None, :])
         return o.squeeze(2)  # (Nd, Hq, D)
 
     # ---------------------------------------------------------------- one layer
@@ -130,7 +187,7 @@ class ModelRunner:
             v_all = vb.index_select(0, table).view(-1, self.n_kv, self.head_dim)[:ctx]
             o[start : start + n_new] = self.prefill_attention(q[start : start + n_new], k_all, v_all, n_new)
         if b.decode_rows.numel():
-            o[b.decode_rows] = self.decode_attention(q[b.decode_rows], kb, vb, b.decode_tables, b.decode_mask)
+            o[b.decode_rows] = self.decode_attention(q[b.decode_rows], kb, vb, b.decode_tables, b.decode_lens, b.decode_len)
         return attn.o_proj(o.view(n, self.n_heads * self.head_dim))  # (N, hidden)
 
     @staticmethod
