@@ -17,7 +17,7 @@ from llmlab.core.errors import UsageError
 from llmlab.core.render import chart_text, fmt, render
 from llmlab.core.results import Chart, Claim, LabResult, atomic_write, check_writable
 from llmlab.core.specs import gpu_spec, peak_for
-from llmlab.core.timing import Stopwatch, autorange, measure, summarize
+from llmlab.core.timing import LATENCY, THROUGHPUT, Stopwatch, autorange, measure, summarize
 
 CPU = Device("cpu")
 
@@ -101,7 +101,7 @@ def test_measure_times_real_work():
         calls.append(1)
         time.sleep(0.002)
 
-    s = measure(fn, CPU, warmup=2, repeats=5)
+    s = measure(fn, CPU, mode=LATENCY, warmup=2, repeats=5)
     assert len(calls) == 7 and s.n == 5
     assert 1.9 <= s.min_ms < 50  # a 2 ms sleep is at least 2 ms
 
@@ -109,8 +109,34 @@ def test_measure_times_real_work():
 def test_measure_setup_is_outside_the_timed_region():
     import time
 
-    s = measure(lambda: None, CPU, warmup=1, repeats=4, setup=lambda: time.sleep(0.01))
+    s = measure(lambda: None, CPU, mode=LATENCY, warmup=1, repeats=4, setup=lambda: time.sleep(0.01))
     assert s.median_ms < 5
+
+
+def test_measure_throughput_times_blocks_of_calls_per_call():
+    import time
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.002)
+
+    s = measure(fn, CPU, mode=THROUGHPUT, warmup=1, repeats=3, min_block_s=0.01)
+    per_block = (len(calls) - 1 - 1) // 3  # warm-up and probe, then 3 blocks
+    assert per_block >= 4 and len(calls) == 2 + 3 * per_block and s.n == 3
+    assert 1.9 <= s.min_ms < 50  # per call (~2 ms), not per block (>= 10 ms)
+    s = measure(fn, CPU, mode=THROUGHPUT, warmup=0, repeats=2, calls=3)
+    assert s.n == 2 and 1.9 <= s.min_ms < 50
+
+
+def test_measure_asks_for_a_mode():
+    import pytest
+
+    with pytest.raises(TypeError):
+        measure(lambda: None, CPU, warmup=0, repeats=3)  # no default: a lab says which row it means
+    with pytest.raises(ValueError, match="mode"):
+        measure(lambda: None, CPU, mode="fast", warmup=0, repeats=3)
 
 
 def test_autorange_uses_torch_benchmark():

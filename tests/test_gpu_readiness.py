@@ -88,7 +88,7 @@ def test_gpu_n_activate_sets_and_restores_the_device(cuda):
 
 
 def test_gpu_n_measure_records_events_on_that_devices_stream(cuda):
-    st = timing.measure(lambda: None, Device("cuda:3"), warmup=1, repeats=4)
+    st = timing.measure(lambda: None, Device("cuda:3"), mode=timing.LATENCY, warmup=1, repeats=4)
     assert st.n == 4 and st.median_ms == 2.0
     records = [d for kind, d in cuda.log if kind == "record"]
     assert records == [3] * 8  # start and end of each of 4 calls, all on GPU 3's stream
@@ -304,3 +304,88 @@ def test_telemetry_sample_survives_a_pynvml_without_clock_event_reasons(monkeypa
     s = tel.summary()
     assert s["n_samples"] >= 1 and s["sm_clock_mhz"]["max"] == 1000
     assert s["throttle_reasons"] is None and "throttle" in s["unsupported"]
+
+
+# ---------------------------------------------------------------- latency rows and throughput rows
+
+
+def _launch_log(cuda, mode, setup=None, **kw):
+    """The fake CUDA log of one measure() on cuda:0 after a warm-up: which calls ran between which events."""
+    marks = []
+    cuda.log.clear()
+    st = timing.measure(lambda: marks.append(len(cuda.log)), Device("cuda:0"), mode=mode, warmup=0, repeats=3, setup=setup, **kw)
+    return st, marks
+
+
+def test_latency_rows_start_every_call_from_an_idle_stream(cuda):
+    """With or without a setup kernel before it, a latency sample is one call after a device synchronise."""
+    for setup in (None, lambda: cuda.log.append(("setup-kernel", 0))):
+        st, _ = _launch_log(cuda, timing.LATENCY, setup)
+        kinds = [k for k, _ in cuda.log]
+        starts = [i for i, k in enumerate(kinds) if k == "record"][::2]
+        assert len(starts) == 3 and st.n == 3 and st.median_ms == 2.0  # one call per event pair: 2 ms each
+        assert all(kinds[i - 1] == "sync" for i in starts)  # the stream is synchronised right before each start event
+
+
+def test_throughput_rows_time_a_block_of_calls_between_one_event_pair(cuda):
+    st, marks = _launch_log(cuda, timing.THROUGHPUT, calls=5)
+    assert len(marks) == 15 and st.n == 3
+    assert st.median_ms == pytest.approx(2.0 / 5)  # the block's 2 ms over its 5 calls
+    assert sum(1 for k, _ in cuda.log if k == "record") == 6  # one event pair per block, never per call
+
+
+# ---------------------------------------------------------------- MIG: whole-GPU readings from the parent board
+
+
+def fake_mig_pynvml(board: int = 3):
+    """fake_pynvml with a MIG slice of `board` as handle 100 + board: clocks, power, temperature and throttle
+    reasons are 'Not Supported' on the slice (as NVML does), memory is the slice's own."""
+    m = fake_pynvml(BOARDS)
+    mig = 100 + board
+    for name in ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature",
+                 "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetCurrentClocksEventReasons"):
+        board_only = getattr(m, name)
+
+        def refuse_slice(h, *a, _f=board_only):
+            if h >= 100:
+                raise NVMLError("Not Supported")
+            return _f(h, *a)
+        setattr(m, name, refuse_slice)
+    m.nvmlDeviceIsMigDeviceHandle = lambda h: h >= 100
+    m.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda h: h - 100
+    return m, mig
+
+
+def test_mig_telemetry_reads_the_parent_gpu_and_says_whole_gpu(monkeypatch):
+    import sys
+    import time
+
+    from llmlab.core import device as dev_mod
+    from llmlab.core.telemetry import Telemetry
+
+    m, mig = fake_mig_pynvml(3)
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    monkeypatch.setattr(dev_mod, "nvml_handle", lambda nvml, index: (mig, "uuid MIG-3333"))
+    with Telemetry(Device("cuda:0"), interval_s=0.005) as tel:
+        time.sleep(0.05)
+    s = tel.summary()
+    assert s["sm_clock_mhz"]["median"] == 1300 and s["temp_c"]["max"] == 43 and s["power_w"]["median"] == 300  # board 3's
+    assert s["throttle_reasons"] == ["sw_power_cap"] and "unsupported" not in s
+    assert s["whole_gpu"].startswith("MIG slice") and "power_w" in s["whole_gpu_fields"]
+
+
+def test_mig_device_card_reads_max_clocks_from_the_parent(monkeypatch):
+    import sys
+
+    from llmlab.core import device as dev_mod
+
+    m, mig = fake_mig_pynvml(2)
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    monkeypatch.setattr(dev_mod, "nvml_handle", lambda nvml, index: (mig, "uuid MIG-2222"))
+    card = dev_mod._nvml_card(0)
+    assert card["max_sm_clock_mhz"] == 2200 and card["power_limit_w"] == 700 and "nvml_unsupported" not in card
+    assert card["nvml_whole_gpu"].startswith("MIG slice")
+    m2 = fake_pynvml(BOARDS)  # a whole board: no label
+    monkeypatch.setitem(sys.modules, "pynvml", m2)
+    monkeypatch.setattr(dev_mod, "nvml_handle", lambda nvml, index: (2, "uuid GPU-2222"))
+    assert "nvml_whole_gpu" not in dev_mod._nvml_card(0)

@@ -151,6 +151,7 @@ def test_time_blocks_uses_one_event_pair_per_block_of_calls(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda dev=None: stream)
     monkeypatch.setattr(Device, "synchronize", lambda self: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # cuda:0 is current: activate() switches nothing
     _FakeEvent.log = []
     stats, per_block = core_roofs.time_blocks(lambda: calls.append(1), Device("cuda:0"), blocks=4, min_block_s=0.01)
     assert per_block >= 10  # a call of ~us needs many calls to fill 10 ms
@@ -381,3 +382,120 @@ def test_unknown_model_is_a_usage_error_before_any_measuring():
 
     with pytest.raises(UsageError, match="unknown model"):
         R.run(R.Config(model="no-such-model"), CPU)
+
+
+# ---------------------------------------------------------------- the cache sweep on a GPU (stand-ins)
+
+
+def test_timing_path_picks_graphs_for_short_gpu_calls():
+    gpu = Device("cuda:0")
+    assert R.timing_path(gpu, 0.02) == "graph"  # eager launches back to back would time the host's dispatch
+    assert R.timing_path(CPU, 0.02) == "blocks"
+    assert R.timing_path(gpu, 3.0) == R.timing_path(CPU, 3.0) == "calls"  # long calls alone: launch < 1%
+    assert R.graph_calls(0.01, 0.1, 10) == 1000  # 10 replays of 10 ms: 1000 calls of 10 us
+    assert R.graph_calls(5.0, 0.1, 10) == 8 and R.graph_calls(1e-6, 10, 3) == 10_000  # bounded both ways
+
+
+def test_sweep_point_on_a_gpu_is_timed_from_a_cuda_graph(monkeypatch):
+    """A sub-ms GPU point is captured once and replayed; the per-call time is the replay's / calls."""
+    from llmlab.core.timing import Stats
+
+    captured, timed = [], []
+
+    def fake_measure(fn, device, *, mode, warmup, repeats, **kw):
+        fn()
+        timed.append(fn)
+        ms = 0.01 if len(timed) == 1 else 5.0  # the probe: 10 us; a replay of the block: 5 ms
+        return Stats(ms, ms, ms, ms, ms, ms, repeats)
+
+    def fake_graph(fn, device, calls):
+        captured.append(calls)
+        return lambda: [fn() for _ in range(calls)]
+
+    monkeypatch.setattr(R, "measure", fake_measure)
+    monkeypatch.setattr(R, "graph_replay", fake_graph)
+    n = []
+    s, path = R._time(lambda: n.append(1), Device("cuda:0"), repeats=10, min_run_s=0.1)
+    assert path == "graph" and captured == [R.graph_calls(0.01, 0.1, 10)]
+    assert timed[1] is not timed[0] and len(n) == 1 + captured[0]  # the second measure times the replay
+    assert s.median_ms == pytest.approx(5.0 / captured[0]) and s.n == 10
+
+
+def test_graph_replay_captures_the_calls_once(monkeypatch):
+    from contextlib import contextmanager
+
+    from llmlab.core import timing
+
+    log = []
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            log.append("wait")
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    @contextmanager
+    def ctx(tag):
+        log.append(f"enter {tag}")
+        yield
+        log.append(f"exit {tag}")
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: ctx("side"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: ctx("capture"))
+    replay = timing.graph_replay(lambda: log.append("call"), Device("cuda:0"), calls=4)
+    assert log == ["wait", "enter side", "call", "call", "call", "exit side", "wait", "enter capture"] + ["call"] * 4 + ["exit capture"]
+    replay()
+    assert log[-1] == "replay" and log.count("call") == 7  # a replay calls no Python fn: the GPU re-runs the kernels
+
+
+def test_gpu_sweep_sizes_come_from_the_device_l2(monkeypatch):
+    l2 = 50 * 2**20
+    monkeypatch.setattr(R, "last_level_cache_bytes", lambda device: l2 if device.is_cuda else 2**20)
+    cfg = R.Config(sweep_max_llc=2.0, sweep_factor=4)
+    sizes = R.sweep_sizes(cfg, Device("cuda:0"), n_max=10**9)
+    assert sizes[0] * 4 == l2 // 64 and sizes[-1] * 4 == 2 * l2  # L2/64 .. 2x L2, not the CPU's 16 KiB
+    assert R.sweep_sizes(cfg, CPU, n_max=10**9)[0] * 4 == cfg.sweep_min_bytes
+    assert R.cache_level(l2, Device("cuda:0")) == "L2" and R.cache_level(l2 + 1, Device("cuda:0")) == "HBM"
+
+
+def test_gpu_l2_size_is_read_from_the_device(monkeypatch):
+    from types import SimpleNamespace
+
+    from llmlab.core.device import last_level_cache_bytes
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(L2_cache_size=40 * 2**20))
+    assert last_level_cache_bytes(Device("cuda:0")) == 40 * 2**20
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace())
+    with pytest.raises(RuntimeError, match="no L2 size"):  # never a CPU constant in its place
+        last_level_cache_bytes(Device("cuda:0"))
+
+
+def test_gpu_speed_model_leaves_l2_behind(monkeypatch):
+    from llmlab.core.models import arch_config, estimate_bytes
+
+    l2 = 50 * 2**20
+    monkeypatch.setattr(core_roofs, "last_level_cache_bytes", lambda device: l2)
+    monkeypatch.setattr(Device, "free_memory_bytes", lambda self: 140 * 2**30)
+    gpu = Device("cuda:0")
+    ref, why = core_roofs.gpu_speed_model("tiny", "auto", gpu)
+    assert ref.startswith("arch:") and estimate_bytes(arch_config(ref), "bfloat16") >= 32 * l2 and "L2" in why
+    assert core_roofs.gpu_speed_model("tiny", "auto", CPU) == ("tiny", "")  # the CPU keeps its model
+    assert core_roofs.gpu_speed_model("tiny", "same", gpu) == ("tiny", "")
+    assert core_roofs.gpu_speed_model("arch:llama-3-8b", "auto", gpu) == ("arch:llama-3-8b", "")  # already past L2
+    monkeypatch.setattr(Device, "free_memory_bytes", lambda self: 2**30)
+    assert core_roofs.gpu_speed_model("tiny", "auto", gpu)[0] == "tiny"  # nothing fits: says so, keeps it
+
+
+def test_fp32_peak_expected_text_names_the_clock():
+    roofs_t = pd.DataFrame([dict(roof="compute", dtype="fp32", measured_median=300.0, spec=448.0, want_pct=70.0, loadavg_1m=None,
+                                 spec_source="2 cores x 3.50 GHz (max boost clock (cpufreq cpuinfo_max_freq)) x 64 FP32 FLOP/cycle (AVX-512)")])
+    c = R._peak_claim(roofs_t, "fp32")
+    assert c.expected == ">= 70% of 448 GFLOP/s (at 3.50 GHz, max boost clock)" and c.holds is False

@@ -308,10 +308,13 @@ def cpu_caches() -> dict[str, int]:
 
 def last_level_cache_bytes(device: Device) -> int:
     """GPU L2, or the CPU's largest cache (an L3 is shared: this is what one CPU sees)."""
-    if device.is_cuda:
+    if device.is_cuda:  # the device's own L2 size, never a constant: 40 MB on an A100, 50 MB on an H100/H200
         import torch
 
-        return int(getattr(torch.cuda.get_device_properties(device.index), "L2_cache_size", 50 * 2**20))
+        l2 = getattr(torch.cuda.get_device_properties(device.index), "L2_cache_size", 0)
+        if not l2:
+            raise RuntimeError(f"torch reports no L2 size for {device.spec}: the cache-sized buffers cannot be sized")
+        return int(l2)
     caches = cpu_caches()
     return max(caches.values()) if caches else 32 * 2**20
 
@@ -449,6 +452,24 @@ def nvml_handle(nvml, index: int):
     raise LookupError(f"no NVML handle for cuda:{index} ({'; '.join(reasons)})")
 
 
+WHOLE_GPU_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "throttle",
+                    "max_sm_clock_mhz", "max_mem_clock_mhz", "power_limit_w")  # one value per board, never per MIG slice
+WHOLE_GPU_NOTE = "MIG slice: clocks, power, temperature and throttle reasons are the parent GPU's (whole-GPU, shared by every slice)"
+
+
+def nvml_parent(nvml, handle):
+    """The parent GPU's handle when `handle` is a MIG slice's, else None.
+
+    NVML answers clocks, power and temperature only for the whole board ("Not Supported" on a MIG
+    handle), so those are read from the parent and labelled whole-GPU; memory stays the slice's."""
+    try:
+        if not nvml.nvmlDeviceIsMigDeviceHandle(handle):
+            return None
+        return nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    except Exception:  # an NVML without MIG calls, or a board without MIG: the handle is the board's
+        return None
+
+
 def nvml_read(fields: dict, unsupported: dict[str, str]) -> dict:
     """Call each `name -> zero-argument reader` on its own: a field NVML refuses (MIG, a board without a
     power sensor) becomes None and its reason goes into `unsupported`; the other fields still come back."""
@@ -472,12 +493,16 @@ def _nvml_card(index: int) -> dict:
         return {"nvml": f"unavailable ({type(exc).__name__}: {_reason(exc)})"}
     unsupported: dict[str, str] = {}
     out = {"nvml": f"handle by {how}"}
+    parent = nvml_parent(pynvml, h)
+    board = parent if parent is not None else h
+    if parent is not None:
+        out["nvml_whole_gpu"] = WHOLE_GPU_NOTE
     out.update(nvml_read({
         "driver": lambda: _s(pynvml.nvmlSystemGetDriverVersion()),
         "cuda_driver": pynvml.nvmlSystemGetCudaDriverVersion_v2,
-        "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
-        "max_mem_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM),
-        "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+        "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(board, pynvml.NVML_CLOCK_SM),
+        "max_mem_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(board, pynvml.NVML_CLOCK_MEM),
+        "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(board) / 1000,
     }, unsupported))
     if unsupported:
         out["nvml_unsupported"] = unsupported

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from llmlab.core.device import Device, last_level_cache_bytes, torch_threads
 from llmlab.core.device import tf32 as device_tf32
-from llmlab.core.timing import L2Flusher, Stats, measure, summarize
+from llmlab.core.timing import LATENCY, THROUGHPUT, L2Flusher, Stats, calls_per_block, measure
 
 KERNELS = ("read", "write", "copy", "triad")
 TRIAD_SCALAR = 3.0
@@ -99,39 +99,16 @@ def bandwidth_kernels(a, b, c) -> dict[str, tuple[Callable[[], object], int]]:
 
 def time_blocks(fn: Callable[[], object], device: Device, *, blocks: int = 10, min_block_s: float = 0.02,
                 warmup_calls: int = 1) -> tuple[Stats, int]:
-    """Per-call time (ms) over `blocks` blocks of calls; each block is one timer (or CUDA event) pair.
+    """Per-call time (ms) over `blocks` THROUGHPUT blocks of calls (core.timing); each block is one timer pair.
 
-    The calls per block are picked from a probe so one block lasts at least `min_block_s`: the
-    gap between calls (launch, dispatch) is then part of the throughput, not of a sample's edge.
-    Returns (Stats over blocks of the mean per-call time, calls per block).
+    The calls per block are picked from a probe (the last warm-up call) so one block lasts at least
+    `min_block_s`: the gap between calls (launch, dispatch) is then part of the throughput, not of a
+    sample's edge. Returns (Stats over blocks of the mean per-call time, calls per block).
     """
-    for _ in range(max(1, warmup_calls)):  # the last warm-up call is the probe
-        device.synchronize()
-        t0 = time.perf_counter()
+    for _ in range(max(1, warmup_calls) - 1):
         fn()
-        device.synchronize()
-    probe = max(time.perf_counter() - t0, 1e-7)
-    calls = max(1, math.ceil(min_block_s / probe))
-    samples = []
-    if device.is_cuda:
-        import torch
-
-        stream = torch.cuda.current_stream(device.torch)
-        for _ in range(blocks):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for _ in range(calls):
-                fn()
-            end.record(stream)
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / calls)
-    else:
-        for _ in range(blocks):
-            t0 = time.perf_counter_ns()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e6 / calls)
-    return summarize(samples), calls
+    calls = calls_per_block(fn, device, min_block_s)
+    return measure(fn, device, mode=THROUGHPUT, warmup=0, repeats=blocks, calls=calls), calls
 
 
 @dataclass(frozen=True)
@@ -236,7 +213,7 @@ def matmul_stats(device: Device, m: int, n: int, k: int, dtype: str = "fp32", *,
     a, b, out = gemm_operands(m, n, k, dtype, device, gen)
     flush = flush or L2Flusher(device)
     with torch_threads(threads), (tf32(dtype == "tf32") if device.is_cuda else _nothing()):
-        return measure(matmul_fn(backend, a, b, out), device, warmup=1, repeats=repeats, setup=flush)
+        return measure(matmul_fn(backend, a, b, out), device, mode=LATENCY, warmup=1, repeats=repeats, setup=flush)
 
 
 def matmul_peak_gflops(device: Device, dtype: str = "fp32", *, shapes=None, repeats: int = 5,
@@ -253,6 +230,40 @@ def matmul_peak_gflops(device: Device, dtype: str = "fp32", *, shapes=None, repe
             s = matmul_stats(device, m, n, k, dtype, backend=backend, repeats=repeats, threads=threads, flush=flush)
             best = max(best, 2 * m * n * k / s.median_s / 1e9)
     return best
+
+
+def l2_beating_arch(device: Device, llc_multiple: int = 32, dtype: str = "bfloat16", budget_frac: float = 0.25) -> str | None:
+    """`arch:NAME` of the smallest registry architecture whose `dtype` weights are >= llc_multiple x the
+    device's last-level cache and fit in budget_frac of its free memory; None when none does.
+
+    A GPU's speed parts time this instead of `tiny` (23 MB, inside a 40-50 MB L2): weights that stay
+    in L2 are not read from HBM, so decode there is not memory-bound. Sizes come from the device."""
+    from llmlab.core.models import ARCHS, arch_config, estimate_bytes
+
+    want, budget = llc_multiple * last_level_cache_bytes(device), budget_frac * device.free_memory_bytes()
+    sizes = sorted((estimate_bytes(arch_config(name), dtype), name) for name in ARCHS)
+    return next((f"arch:{name}" for nbytes, name in sizes if want <= nbytes <= budget), None)
+
+
+def gpu_speed_model(requested: str, choice: str, device: Device, dtype: str = "bfloat16", llc_multiple: int = 32) -> tuple[str, str]:
+    """(the model a lab's speed part times, why: "" when it is `requested`).
+
+    On a CPU, or with choice "same", it is `requested`. On a GPU, choice "auto" keeps `requested` when its
+    weights are >= llc_multiple x L2, else takes `l2_beating_arch`; any other choice is a model reference."""
+    if not device.is_cuda or choice == "same":
+        return requested, ""
+    if choice != "auto":
+        return choice, f"{choice} (cuda_model) instead of {requested}"
+    from llmlab.core.models import estimate_bytes, load_config
+
+    l2 = last_level_cache_bytes(device)
+    if estimate_bytes(load_config(requested), dtype) >= llc_multiple * l2:
+        return requested, ""
+    arch = l2_beating_arch(device, llc_multiple, dtype)
+    if arch is None:
+        return requested, f"{requested} (no registry shape of >= {llc_multiple}x the {l2 / 2**20:.0f} MiB L2 fits in memory: weights may sit in L2)"
+    return arch, (f"{arch} (random weights) instead of {requested}: the smallest registry shape whose {dtype} weights are "
+                  f">= {llc_multiple}x the {l2 / 2**20:.0f} MiB L2, so they are read from HBM")
 
 
 def ridge_point(peak_gflops: float, bandwidth_GBps: float) -> float:

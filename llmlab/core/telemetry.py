@@ -56,6 +56,8 @@ class Telemetry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handle = None
+        self._parent = None  # a MIG slice's parent GPU handle (None: the handle is a whole board)
+        self._board = None  # the handle clocks, power and temperature are read from: the parent GPU of a MIG slice
         self._nvml = None
         self.unsupported: dict[str, str] = {}  # NVML field -> why it could not be read (MIG, no sensor)
         self.handle_how: str | None = None
@@ -89,11 +91,13 @@ class Telemetry:
         try:
             import pynvml
 
-            from llmlab.core.device import nvml_handle
+            from llmlab.core.device import nvml_handle, nvml_parent
 
             pynvml.nvmlInit()
             self._nvml = pynvml
             self._handle, self.handle_how = nvml_handle(pynvml, self.device.index or 0)  # by UUID: CUDA_VISIBLE_DEVICES-safe
+            self._parent = nvml_parent(pynvml, self._handle)
+            self._board = self._handle if self._parent is None else self._parent
         except Exception as exc:
             self.note = f"NVML unavailable ({type(exc).__name__}): no clocks/power recorded"  # the summary says it
 
@@ -109,14 +113,14 @@ class Telemetry:
         """One sample; each field read on its own, None (reason in `self.unsupported`) where NVML refuses it."""
         from llmlab.core.device import nvml_read
 
-        n, h = self._nvml, self._handle
+        n, h, b = self._nvml, self._handle, self._board  # b: the whole board (a MIG slice's parent)
         # nvidia-ml-py 12.535+ renamed "throttle" reasons to "clocks event" reasons; older ones have only the first name
-        event_reasons = lambda: (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons)(h)  # noqa: E731
+        event_reasons = lambda: (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons)(b)  # noqa: E731
         return {"t_s": time.perf_counter() - self._t0, **nvml_read({
-            "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
-            "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
-            "power_w": lambda: n.nvmlDeviceGetPowerUsage(h) / 1000,
-            "temp_c": lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+            "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(b, n.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(b, n.NVML_CLOCK_MEM),
+            "power_w": lambda: n.nvmlDeviceGetPowerUsage(b) / 1000,
+            "temp_c": lambda: n.nvmlDeviceGetTemperature(b, n.NVML_TEMPERATURE_GPU),
             "gpu_util_pct": lambda: n.nvmlDeviceGetUtilizationRates(h).gpu,
             "mem_util_pct": lambda: n.nvmlDeviceGetUtilizationRates(h).memory,
             "mem_used_bytes": lambda: n.nvmlDeviceGetMemoryInfo(h).used,
@@ -143,6 +147,11 @@ class Telemetry:
             return out
         out["source"] = "nvml"
         out["nvml_handle"] = self.handle_how  # how torch's device was mapped to NVML's board (uuid, pci, index)
+        if self._parent is not None:
+            from llmlab.core.device import WHOLE_GPU_FIELDS, WHOLE_GPU_NOTE
+
+            out["whole_gpu"] = WHOLE_GPU_NOTE  # these fields describe the parent board, not the slice
+            out["whole_gpu_fields"] = [f for f in WHOLE_GPU_FIELDS if not f.startswith(("max_", "power_limit"))]
         out["n_samples"] = len(self.samples)
         for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "gpu_util_pct", "mem_used_bytes"):
             xs = [s[key] for s in self.samples if s.get(key) is not None]

@@ -7,10 +7,21 @@ References:
 - Stas Bekman's mamf-finder: flush L2 between repeats of a kernel whose data fits in cache.
 - `interleaved`: methods compared on a shared machine take turns (a, b, b, a, a, b, ...), so a
   load drift hits every method alike and the per-round ratios stay honest.
+
+Two kinds of row, and `measure` asks which one a lab means (`mode=`):
+- LATENCY: one call from an idle stream. The device is synchronised before the call (after any
+  `setup`), so a GPU sample holds the launch latency of the call's kernels: what one request
+  waits for (a TTFT, one decode step, one sampler call).
+- THROUGHPUT: a block of calls back to back, one timer (or CUDA event pair) per block, the
+  sample = block time / calls. Each launch overlaps the previous call's work, as in a loop that
+  keeps the device busy (a bandwidth or FLOP/s roof). `setup` runs once before each block.
+A GPU sample's launch latency then depends on the mode, never on whether a setup kernel happened
+to run before it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -18,6 +29,10 @@ from typing import NamedTuple
 
 from llmlab.core.device import Device
 from llmlab.core.stats import summary
+
+LATENCY = "latency"  # one call from an idle (synchronised) stream: launch latency inside each sample
+THROUGHPUT = "throughput"  # a block of calls back to back: launch latency overlapped, per call = block / calls
+MODES = (LATENCY, THROUGHPUT)
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,11 @@ class Stats:
     @property
     def median_s(self) -> float:
         return self.median_ms / 1e3
+
+    def per_call(self, calls: int) -> Stats:
+        """The same samples divided by `calls`: per-call times of samples that each timed `calls` calls."""
+        ms = {k: v / calls for k, v in asdict(self).items() if k.endswith("_ms")}
+        return Stats(**ms, n=self.n)
 
 
 def summarize(samples_ms: list[float]) -> Stats:
@@ -67,33 +87,59 @@ def measure(
     fn: Callable[[], object],
     device: Device,
     *,
+    mode: str,
     warmup: int = 3,
     repeats: int = 10,
     setup: Callable[[], object] | None = None,
     max_time_s: float | None = None,
+    min_block_s: float = 0.02,
+    calls: int | None = None,
 ) -> Stats:
-    """Time `fn()` `repeats` times after `warmup` calls; one sample per call.
+    """Time `fn()` after `warmup` calls: `repeats` samples, each a LATENCY or a THROUGHPUT sample.
 
-    `setup` runs before each timed call, outside the timed region (e.g. an L2 flush).
-    On a GPU each call is bracketed by CUDA events; on the CPU by perf_counter_ns.
-    `max_time_s` stops early (keeping at least 3 samples) when the calls are slow.
+    - mode=LATENCY: a sample is one call from an idle stream (`setup`, then a device synchronise,
+      then the call between CUDA events on the device's stream, or perf_counter_ns on the CPU).
+    - mode=THROUGHPUT: a sample is a block of calls back to back, its time / calls; the calls per
+      block are `calls`, or picked from a probe so a block lasts at least `min_block_s`. `setup`
+      runs before each block, untimed (it cannot run between calls of a block).
+    `max_time_s` stops early (keeping at least 3 samples) when the samples are slow.
     """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     with device.activate():
         for _ in range(warmup):
             if setup:
                 setup()
             fn()
         device.synchronize()
+        if mode == LATENCY:
+            calls = 1
+        elif calls is None:
+            calls = calls_per_block(fn, device, min_block_s, setup)
+        call = fn if calls == 1 else (lambda: [fn() for _ in range(calls)])
         samples: list[float] = []
         t_start = time.perf_counter()
         for _ in range(repeats):
             if setup:
                 setup()
-            _, sec = timed_call(fn, device)  # CUDA events on this device's current stream, or perf_counter_ns
-            samples.append(sec * 1e3)
+            device.synchronize()  # the stream is idle when the sample starts, whatever setup launched
+            _, sec = timed_call(call, device)
+            samples.append(sec * 1e3 / calls)
             if max_time_s and len(samples) >= 3 and time.perf_counter() - t_start > max_time_s:
                 break
     return summarize(samples)
+
+
+def calls_per_block(fn: Callable[[], object], device: Device, min_block_s: float,
+                    setup: Callable[[], object] | None = None) -> int:
+    """Calls in a THROUGHPUT block: enough that one block lasts >= min_block_s, from one synchronised probe call."""
+    if setup:
+        setup()
+    device.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    device.synchronize()
+    return max(1, math.ceil(min_block_s / max(time.perf_counter() - t0, 1e-7)))
 
 
 def timed_call(fn: Callable[[], object], device: Device) -> tuple[object, float]:
@@ -115,6 +161,30 @@ def timed_call(fn: Callable[[], object], device: Device) -> tuple[object, float]
     t0 = time.perf_counter_ns()
     out = fn()
     return out, (time.perf_counter_ns() - t0) / 1e9
+
+
+def graph_replay(fn: Callable[[], object], device: Device, calls: int) -> Callable[[], None]:
+    """`calls` calls of `fn` captured once in a CUDA graph; the returned callable replays them all.
+
+    A replay launches the whole block with one host call, so kernels of a few microseconds run
+    back to back on the GPU instead of waiting on the host's per-call dispatch (eager launches
+    of sub-millisecond kernels time the dispatch, not the kernel). `fn` is warmed up on a side
+    stream first, as torch.cuda.graphs requires; the tensors it touches must outlive the replay.
+    """
+    import torch
+
+    side = torch.cuda.Stream(device.torch)
+    main = torch.cuda.current_stream(device.torch)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    main.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
 
 
 class Interleaved(NamedTuple):
@@ -149,8 +219,8 @@ def interleaved(
       up allocators and kernels and its return values come back (for identity checks, acceptance).
     - Round r calls every method once, in the given order when r is even and reversed when odd,
       so a load drift on a shared machine (and "who ran first" effects) hit every method alike.
-    - Each call is bracketed by a device synchronise and timed by `timed_call` (CUDA events on the
-      device's current stream, or perf_counter_ns); `setups[name]` runs before it, untimed.
+    - Each call is a LATENCY sample: `setups[name]` runs first (untimed), then a device synchronise,
+      then the call timed by `timed_call` (CUDA events on the device's current stream, or perf_counter_ns).
     - `max_time_s` stops after the round in which the timed rounds passed that budget, but never
       before `min_rounds` rounds. `rounds` wraps the round iterator (e.g. a progress bar).
     """
@@ -182,7 +252,7 @@ def interleaved(
 
 
 def autorange(fn: Callable[[], object], device: Device, *, min_run_time: float = 0.2) -> Stats:
-    """Time a fast `fn` with torch.utils.benchmark.Timer.blocked_autorange.
+    """Time a fast `fn` with torch.utils.benchmark.Timer.blocked_autorange: THROUGHPUT samples.
 
     Each sample is the mean per-call time of one block of many calls, so the statistics are
     over blocks (n = number of blocks). The Timer synchronises the *current* CUDA device, so the

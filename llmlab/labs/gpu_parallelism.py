@@ -39,7 +39,7 @@ from llmlab.core.device import tf32_knobs as _tf32_knobs  # the TF32 helper live
 from llmlab.core.render import track
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
-from llmlab.core.timing import L2Flusher, Stats, interleaved, measure
+from llmlab.core.timing import LATENCY, L2Flusher, Stats, interleaved, measure
 
 LAB = "gpu-parallelism"
 VERSION = 2  # 2: GPU sizes timed with L2 flushed; wave table with predicted boundaries; core.timing.interleaved
@@ -188,7 +188,7 @@ def time_fn(fn: Callable[[], object], device: Device, budget_s: float, setup: Ca
         device.synchronize()
         probe = time.perf_counter() - t0
     repeats = int(min(500, max(3, budget_s / max(probe, 1e-6))))
-    return measure(fn, device, warmup=0 if probe > 0.05 else 3, repeats=repeats, setup=setup, max_time_s=budget_s)  # a slow probe was warm-up enough
+    return measure(fn, device, mode=LATENCY, warmup=0 if probe > 0.05 else 3, repeats=repeats, setup=setup, max_time_s=budget_s)  # a slow probe was warm-up enough
 
 
 def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: float, setups: list[Callable[[], object]] | None = None) -> list[Stats]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,7 @@ from llmlab.core.roofs import (
     bandwidth_kernels,
     check_matmul,
     gemm_operands,
+    gpu_speed_model,
     matmul_fn,
     tf32,
     torch_dtype,
@@ -64,7 +65,7 @@ from llmlab.core.roofs import (
 )
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
 from llmlab.core.telemetry import Telemetry
-from llmlab.core.timing import L2Flusher, Stats, Stopwatch, autorange, measure
+from llmlab.core.timing import LATENCY, L2Flusher, Stats, Stopwatch, autorange, graph_replay, measure
 
 LAB = "roofline"
 VERSION = 2  # 2: bandwidth timed in blocks of calls after a 0.3 s warm-up (core.roofs)
@@ -95,6 +96,7 @@ class Config:
     intensity_kn_gpu: int = 8192  # GPU: 128 MB in BF16, 2x+ any L2; M=4096 is 550 GFLOP, well into the compute roof
     intensity_repeats: int = 5  # timed GEMMs per M
     model: str = "tiny"  # the overlay model: any load_config reference
+    cuda_model: str = "auto"  # GPU: auto = a registry arch: of >= 32x the L2 when --model fits in it (tiny does); "same" keeps --model
     dtype: str = "auto"  # overlay and sweep compute dtype: auto = float32 on a CPU, bfloat16 on a GPU
     prefill_tokens: int = 512  # S of the prefill overlay (analytic)
     decode_context: int = 128  # prompt tokens in the KV cache when the decode step is timed
@@ -129,7 +131,7 @@ class Config:
     @classmethod
     def quick(cls) -> Config:
         return cls(
-            bandwidth_repeats=3, kernels=("copy", "triad"), sweep_kernels=("triad",), sweep_max_llc=1.0, sweep_factor=8, sweep_min_run_s=0.03,
+            bandwidth_repeats=3, kernels=("read", "copy", "triad"), sweep_kernels=("triad",), sweep_max_llc=1.0, sweep_factor=8, sweep_min_run_s=0.03,
             cpu_shapes=((2048, 1024, 1024), (1024, 2048, 1024)), gpu_shapes=GPU_SHAPES[:2], compute_repeats=3,
             intensity_batches=(1, 4, 16, 64, 256), intensity_kn_gpu=4096, intensity_repeats=3,
             decode_context=32, decode_batches=(1, 4, 16, 64), decode_steps=6,
@@ -149,12 +151,49 @@ def compute_dtypes(device: Device, extra: str) -> tuple[str, ...]:
     return base if DTYPES[extra] in base else (*base, DTYPES[extra])
 
 
-def _time(fn, device: Device, repeats: int, min_run_s: float) -> Stats:
-    """measure() for calls of a millisecond or more; autorange() (blocks of many calls) below."""
-    probe = measure(fn, device, warmup=1, repeats=3)
-    if probe.median_ms >= 1.0:
-        return measure(fn, device, warmup=0, repeats=repeats)
-    return autorange(fn, device, min_run_time=min_run_s)
+LONG_CALL_MS = 1.0  # a call this long is timed alone: launch latency (~5 us) is < 1% of it
+
+
+def timing_path(device: Device, probe_ms: float) -> str:
+    """How a sweep point is timed, from one probe call: "calls" (one call per sample) at LONG_CALL_MS or more;
+    below it "graph" on a GPU (a CUDA graph of many calls, replayed: eager launches back to back would time the
+    host's dispatch, not the cache) and "blocks" on a CPU (torch.utils.benchmark blocks of calls)."""
+    if probe_ms >= LONG_CALL_MS:
+        return "calls"
+    return "graph" if device.is_cuda else "blocks"
+
+
+def graph_calls(probe_ms: float, min_run_s: float, repeats: int) -> int:
+    """Calls captured in one graph so the `repeats` replays fill about `min_run_s` (the probe overestimates a
+    sub-ms call: it holds a launch), at least 8 and at most 10,000 nodes."""
+    return int(min(10_000, max(8, math.ceil(min_run_s * 1e3 / repeats / max(probe_ms, 1e-4)))))
+
+
+def _time(fn, device: Device, repeats: int, min_run_s: float) -> tuple[Stats, str]:
+    """(per-call Stats, the timing path): see timing_path."""
+    probe = measure(fn, device, mode=LATENCY, warmup=1, repeats=3)
+    path = timing_path(device, probe.median_ms)
+    if path == "calls":
+        return measure(fn, device, mode=LATENCY, warmup=0, repeats=repeats), path
+    if path == "graph":
+        calls = graph_calls(probe.median_ms, min_run_s, repeats)
+        replay = graph_replay(fn, device, calls)
+        return measure(replay, device, mode=LATENCY, warmup=1, repeats=repeats).per_call(calls), path
+    return autorange(fn, device, min_run_time=min_run_s), path
+
+
+def sweep_sizes(cfg: Config, device: Device, n_max: int) -> list[int]:
+    """FP32 elements per sweep buffer: x sweep_factor from the smallest to sweep_max_llc x LLC (and n_max).
+
+    On a GPU the sweep starts at L2 / 64 (from the device): smaller buffers time a launch, not a cache."""
+    llc = last_level_cache_bytes(device)
+    top = min(n_max, int(cfg.sweep_max_llc * llc) // 4)
+    n = max(cfg.sweep_min_bytes, llc // 64 if device.is_cuda else 0) // 4
+    sizes = []
+    while n <= top:
+        sizes.append(n)
+        n *= cfg.sweep_factor
+    return sizes if sizes and sizes[-1] == top else [*sizes, top]
 
 
 def cache_level(working_set: int, device: Device) -> str:
@@ -187,10 +226,10 @@ def pick_fastest(cands: dict, device: Device):
     probe: dict = {}
     for key, (fn, threads) in cands.items():
         with torch_threads(threads):
-            warm = measure(fn, device, warmup=0, repeats=1).min_ms
+            warm = measure(fn, device, mode=LATENCY, warmup=0, repeats=1).min_ms
             if probe and warm > 4 * min(probe.values()):
                 continue
-            probe[key] = min(warm, measure(fn, device, warmup=0, repeats=1).min_ms)
+            probe[key] = min(warm, measure(fn, device, mode=LATENCY, warmup=0, repeats=1).min_ms)
     return min(probe, key=probe.get)
 
 
@@ -215,23 +254,17 @@ def measure_bandwidth(cfg: Config, device: Device, bufs=None, progress=None) -> 
 def measure_sweep(cfg: Config, device: Device, bufs, threads: int, progress=None) -> pd.DataFrame:
     """read / copy / triad on views of growing size, at `threads`: each cache level is a plateau."""
     a, b, c = bufs.a, bufs.b, bufs.c
-    top = min(a.numel(), int(cfg.sweep_max_llc * last_level_cache_bytes(device)) // 4)
-    sizes, n = [], cfg.sweep_min_bytes // 4
-    while n <= top:
-        sizes.append(n)
-        n *= cfg.sweep_factor
-    if sizes[-1] != top:
-        sizes.append(top)
+    sizes = sweep_sizes(cfg, device, a.numel())
     rows = []
     jobs = [(n, k) for n in sizes for k in cfg.sweep_kernels]
     for n, name in track(progress, jobs, "bandwidth sweep"):
         fn, nbytes = bandwidth_kernels(a[:n], b[:n], c[:n])[name]
         with torch_threads(threads):
-            s = _time(fn, device, cfg.bandwidth_repeats, cfg.sweep_min_run_s)
+            s, path = _time(fn, device, cfg.bandwidth_repeats, cfg.sweep_min_run_s)
         ws = nbytes  # the working set is what the kernel touches
         rows.append(dict(kernel=name, threads=threads, buffer_bytes=n * 4, working_set_bytes=ws, level=cache_level(ws, device),
                          median_GBps=nbytes / s.median_s / 1e9, best_GBps=nbytes / (s.min_ms / 1e3) / 1e9,
-                         median_us=s.median_ms * 1e3, n=s.n))
+                         median_us=s.median_ms * 1e3, n=s.n, timing=path))
     return pd.DataFrame(rows)
 
 
@@ -262,7 +295,7 @@ def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progre
                 for m, n, k in shapes:
                     a, b, out = gemm_operands(m, n, k, dtype, device, gen)
                     with torch_threads(threads or torch.get_num_threads()):
-                        s = measure(matmul_fn(backend, a, b, out), device, warmup=1, repeats=cfg.compute_repeats, setup=flush)
+                        s = measure(matmul_fn(backend, a, b, out), device, mode=LATENCY, warmup=1, repeats=cfg.compute_repeats, setup=flush)
                     flops = 2 * m * n * k
                     part.append(dict(dtype=dtype, backend=backend, threads=threads or "blas default", m=m, n=n, k=k, flops=flops,
                                      median_gflops=flops / s.median_s / 1e9, best_gflops=flops / (s.min_ms / 1e3) / 1e9,
@@ -361,7 +394,7 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
                      for b, t in matmul_backends(device, dtype)}
             backend, threads = pick_fastest(cands, device)  # per M: small M wants other kernels than large M
             with torch_threads(cands[(backend, threads)][1]):
-                s = measure(cands[(backend, threads)][0], device, warmup=0 if not device.is_cuda else 1,
+                s = measure(cands[(backend, threads)][0], device, mode=LATENCY, warmup=0 if not device.is_cuda else 1,
                             repeats=cfg.intensity_repeats, setup=flush)
             flops, nbytes, ai = gemm_intensity(m, k, n, elem)
             roof = roofs.attainable(dtype, ai)
@@ -492,7 +525,7 @@ def time_decode_step(model, batch: int, context: int, steps: int, device: Device
     step = lambda: decode_one_token(model, tok, cache)  # noqa: E731
     threads = threads or pick_threads(step, device)
     with torch_threads(threads):
-        return measure(step, device, warmup=1, repeats=steps), threads
+        return measure(step, device, mode=LATENCY, warmup=1, repeats=steps), threads
 
 
 def measured_knee(dec: pd.DataFrame) -> tuple[float, bool]:
@@ -536,8 +569,12 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     """Measures. Fills tables, env, notes, skipped. Never prints, never judges."""
     from llmlab.core.models import estimate_bytes, load, load_config
 
-    res = LabResult.new(LAB, VERSION, cfg)
     dtype_name = overlay_dtype(cfg, device)
+    ref, why = gpu_speed_model(cfg.model, cfg.cuda_model, device, dtype_name)
+    cfg = replace(cfg, model=ref)  # the model that runs is the one the result records
+    res = LabResult.new(LAB, VERSION, cfg)
+    if why:
+        res.note(f"the overlay and the decode step use {why}")
     dtype = DTYPES[dtype_name]
     if not device.is_cuda and dtype == "fp16":
         raise UsageError("--dtype float16 on a CPU: no FP16 matmul unit to measure; use float32 or bfloat16")
@@ -637,7 +674,7 @@ def judge(result: LabResult) -> list[Claim]:
 def _bandwidth_claim(roofs: pd.DataFrame) -> Claim:
     r = _row(roofs, roof="bandwidth")
     spec, got = _num(r["spec"]), float(r["measured_median"])
-    cid, text = "roofline.bandwidth_vs_spec", "the STREAM triad/copy roof reaches >= 90% of the bandwidth spec"
+    cid, text = "roofline.bandwidth_vs_spec", "the best STREAM kernel's roof reaches >= 90% of the bandwidth spec"
     if spec is None:
         return Claim(cid, text, ">= 90% of spec", f"{got:.1f} GB/s, no spec", None, "a CPU's bandwidth spec depends on its DIMMs")
     pct = 100 * got / spec
@@ -661,7 +698,18 @@ def _peak_claim(roofs: pd.DataFrame, dtype: str) -> Claim:
     elif pct < want:
         load = _num(r.get("loadavg_1m"))
         note = f"spec: {_short_source(r['spec_source'], dtype)}" + (f"; load {load:.0f}" if load else "")
-    return Claim(cid, text, f">= {want:.0f}% of {spec:.0f} GFLOP/s", f"{pct:.0f}% ({got:.0f} GFLOP/s)", pct >= want, note)
+    return Claim(cid, text, f">= {want:.0f}% of {spec:.0f} GFLOP/s{spec_clock(str(r['spec_source']))}", f"{pct:.0f}% ({got:.0f} GFLOP/s)",
+                 pct >= want, note)
+
+
+def spec_clock(how: str) -> str:
+    """" (at 3.50 GHz, max boost clock)": the clock a CPU spec assumes, from its derivation; "" for a GPU datasheet."""
+    import re
+
+    m = re.search(r"x ([\d.]+ GHz) \((max boost clock|clock from /proc/cpuinfo)", how)
+    if not m:
+        return ""
+    return f" (at {m.group(1)}, {'max boost clock' if m.group(2).startswith('max') else 'the clock /proc/cpuinfo reports: no max boost'})"
 
 
 def _over_spec_why(how: str) -> str:
@@ -700,7 +748,7 @@ def _cache_claim(sweep: pd.DataFrame, roofs: pd.DataFrame) -> Claim:
 def _sweep_claim(sweep: pd.DataFrame) -> Claim:
     fr = sweep["fraction_of_roof"]
     return Claim("roofline.gemm_traces_roofline", "a GEMM sweep over M traces the roofline (at or under it)",
-                 "<= 1.25x roof, median >= 0.5x",
+                 "every M <= 1.25x its roof, median >= 0.5x",
                  f"{fr.min():.2f}-{fr.max():.2f}x, median {fr.median():.2f}x", bool(fr.max() <= 1.25 and fr.median() >= 0.5))
 
 
@@ -711,7 +759,8 @@ def _decode_claims(m: pd.Series, dec: pd.DataFrame | None) -> list[Claim]:
     share_text = "decode at batch 1 uses under 5% of peak compute"
     share_exp = f"< 5% (roof: <= {100 * min(1, ai1 / ridge):.1f}%)"
     knee_text = "decode turns compute-bound near the predicted batch"
-    knee_exp = f"B ~{knee_pred:.0f}, within 2x" if math.isfinite(knee_pred) else "never (KV reads grow with B)"
+    knee_exp = (f"knee within 0.5-2x of B ~{knee_pred:.0f} (step >= 2x B=1's by the last batch)" if math.isfinite(knee_pred)
+                else "never (KV reads grow with B)")
     if dec is None or not len(dec):
         why = "the model's decode was not timed (see skipped)"
         return [Claim("roofline.decode_b1_compute_share", share_text, share_exp, "-", None, why),

@@ -33,7 +33,7 @@ import torch
 from llmlab.core.device import Device, cpu_load, torch_threads
 from llmlab.core.render import track
 from llmlab.core.results import Claim, Col, LabResult, View
-from llmlab.core.timing import measure
+from llmlab.core.timing import LATENCY, measure
 from llmlab.inference import decode
 from llmlab.inference import sampling as S
 
@@ -378,7 +378,7 @@ def time_step(fn, x: torch.Tensor, device: Device, budget: float):
     device.synchronize()
     probe = time.perf_counter() - t0
     repeats = max(3, min(50, int(budget / max(probe, 1e-6))))
-    return measure(lambda: fn(x), device, warmup=1 if probe < 0.05 else 0, repeats=repeats, max_time_s=budget)
+    return measure(lambda: fn(x), device, mode=LATENCY, warmup=1 if probe < 0.05 else 0, repeats=repeats, max_time_s=budget)
 
 
 def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits: torch.Tensor, progress) -> None:
@@ -436,7 +436,7 @@ def part_decode_share(res: LabResult, cfg: Config, lm, device: Device, small) ->
         decode.decode_one_token(lm.model, tok, cache)
         decode.crop(cache, L)  # keep the context length fixed across repeats
 
-    fwd = measure(step, device, warmup=2, repeats=cfg.decode_repeats, max_time_s=0.2 * cfg.decode_repeats)
+    fwd = measure(step, device, mode=LATENCY, warmup=2, repeats=cfg.decode_repeats, max_time_s=0.2 * cfg.decode_repeats)
     rows = [{"strategy": r.strategy, "impl": r.impl, "sampler_ms": r.latency_median_ms, "forward_ms": fwd.median_ms,
              "forward_p10_ms": fwd.p10_ms, "forward_p90_ms": fwd.p90_ms, "n_params": lm.n_params, "vocab": lm.config.vocab_size,
              "sampler_share": r.latency_median_ms / (r.latency_median_ms + fwd.median_ms)} for r in small.itertuples()]
