@@ -147,3 +147,30 @@ def test_curriculum_shares_and_windows_are_as_configured():
     n = len(kinds)  # 2,000 windows: a share is within 4 binomial standard deviations of its setting
     for kind, share in ((train.SPAN, cfg.span_share), (train.RANDOM, cfg.random_share)):
         assert abs(kinds.count(kind) / n - share) < 4 * (share * (1 - share) / n) ** 0.5
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from llmlab.cli import app
+
+    r = CliRunner().invoke(app, list(args))
+    assert r.exit_code == 0, r.output
+    return r
+
+
+def test_generate_samples_by_default_and_greedy_at_temperature_0():
+    from llmlab.core import models
+
+    lm = models.load("tiny")
+    greedy = "".join(models.stream_generate(lm, "The list method", max_new_tokens=16))
+    # a nucleus of p -> 0 keeps only the most likely token: sampling from it is greedy decoding
+    assert "".join(models.stream_generate(lm, "The list method", 16, temperature=1.0, top_p=1e-9)) == greedy
+    sampled = {"".join(models.stream_generate(lm, "The list method", 16, temperature=0.8, seed=s, top_p=0.95))
+               for s in range(4)}
+    assert len(sampled) > 1  # four seeds of a sampler over a 4,096-token vocabulary: not one fixed text
+
+    r = _cli("generate", "-n", "16", "--device", "cpu", "The list method")
+    assert "temperature 0.8, top-p 0.95" in r.stderr
+    r = _cli("generate", "-n", "16", "--device", "cpu", "--temperature", "0", "The list method")
+    assert "greedy" in r.stderr and r.stdout == "The list method" + greedy + "\n"

@@ -423,10 +423,13 @@ def model_rows(device: Device | str = "cpu", dtype="bfloat16") -> list[dict]:
 
 
 def stream_generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0,
-                    seed: int = 0) -> Iterator[str]:
-    """Yield the continuation's text, one piece per decoded token (greedy at temperature 0); a piece
-    is "" while a multi-byte character is still incomplete. Stops at end-of-text."""
+                    seed: int = 0, top_p: float = 1.0) -> Iterator[str]:
+    """Yield the continuation's text, one piece per decoded token (greedy at temperature 0, else
+    sampled at that temperature from the top_p nucleus; 1.0 keeps every token); a piece is "" while
+    a multi-byte character is still incomplete. Stops at end-of-text."""
     import torch
+
+    from llmlab.inference.sampling import top_p as nucleus
 
     if lm.tokenizer is None:
         raise UsageError(f"{lm.ref} has random weights and no tokenizer: generate needs a trained model")
@@ -443,7 +446,8 @@ def stream_generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temp
         for _ in range(max_new_tokens):
             logits = out.logits[:, -1].float()  # (1, V)
             if temperature > 0:
-                nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)
+                kept = nucleus(logits / temperature, top_p) if top_p < 1.0 else logits / temperature
+                nxt = torch.multinomial(torch.softmax(kept, -1), 1, generator=g)
             else:
                 nxt = logits.argmax(-1, keepdim=True)  # (1, 1)
             tok = int(nxt)
