@@ -282,3 +282,21 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
     claims = gp.judge(res)
     assert all(c.holds is not None for c in claims), [c.id for c in claims if c.holds is None]
     assert knobs == {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}  # TF32 settings restored
+
+
+def test_each_expected_text_states_the_test_its_verdict_applies():
+    """Re-judged from the committed reference run: every claim's expected column names its bar."""
+    from pathlib import Path
+
+    from llmlab.core.results import LabResult
+
+    saved = sorted(Path(__file__).resolve().parents[1].glob("results/reference/gpu-parallelism/*.json"))
+    if not saved:
+        pytest.skip("no reference run of gpu-parallelism")
+    claims = gp.judge(LabResult.from_json(saved[-1].read_text()))
+    for c in claims:
+        assert any(w in c.expected for w in (">=", "<=", "> ", "< ", "within")), c
+    byid = {c.id: c for c in claims}
+    assert byid["gpu_parallelism.cpu_bf16_beats_fp32"].expected.startswith("> 1.05x")
+    assert byid["gpu_parallelism.batched_beats_loop_cpu"].expected.startswith(">= 2x")
+    assert byid["gpu_parallelism.tensor_cores"].expected.startswith("BF16 >= 4x, TF32 >= 1.5x")

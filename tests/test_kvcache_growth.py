@@ -297,3 +297,37 @@ def test_trap_times_through_core_interleaved(tiny, monkeypatch):
     assert t["n_tokens"] == 8 and t["tokens_match"] == 8
     for m in t["modes"].values():
         assert m["runs"].shape == (2, 8) and m["total_stats"].n == 2
+
+
+# ---------------------------------------------------------------- the trap on a GPU: sized from the device
+
+
+def test_trap_tokens_follow_where_the_per_token_term_shows(tiny):
+    """4x the context at which a no-cache forward doubles its shortest time; the cap when it never does."""
+    cfg = _cfg(gen_tokens=48, max_trap_tokens=8192)
+    fixed_then_linear = lambda n: max(1.0, n / 300)  # noqa: E731  (1 ms of launches until ~300 tokens of compute)
+    n, why = kv.trap_tokens(tiny, Device("cpu"), cfg, forward_ms=fixed_then_linear)
+    assert n == 4 * 1024 and "1024 tokens" in why  # 512/300 < 2 ms, 1024/300 >= 2 ms
+    n, why = kv.trap_tokens(tiny, Device("cpu"), cfg, forward_ms=lambda n: 1.0)  # flat: never doubles
+    cap = min(8192, tiny.config.max_position_embeddings - cfg.gen_prompt)
+    assert n == cap and "the cap" in why
+    n, _ = kv.trap_tokens(tiny, Device("cpu"), cfg, forward_ms=lambda n: n / 10)  # doubles at once
+    assert n == max(cfg.gen_tokens, 4 * 128)
+
+
+def test_trap_setup_changes_nothing_on_a_cpu(tiny):
+    res = LabResult.new(kv.LAB, kv.VERSION, _cfg())
+    model, cfg = kv.trap_setup(res, tiny, Device("cpu"), _cfg(gen_tokens=48))
+    assert model is tiny and cfg.gen_tokens == 48 and res.env["trap_model"] == "tiny"
+
+
+def test_trap_setup_on_a_gpu_takes_a_model_past_l2_and_device_sized_tokens(tiny, monkeypatch):
+    from llmlab.core import models, roofs
+
+    monkeypatch.setattr(roofs, "gpu_speed_model", lambda ref, choice, device, dtype: ("arch:qwen2.5-0.5b", "arch:qwen2.5-0.5b (why)"))
+    monkeypatch.setattr(models, "load", lambda ref, device, dtype: type("LM", (), {"model": tiny})())
+    monkeypatch.setattr(kv, "trap_tokens", lambda model, device, cfg: (1024, "1024 tokens from the device"))
+    res = LabResult.new(kv.LAB, kv.VERSION, _cfg())
+    _, cfg = kv.trap_setup(res, tiny, Device("cuda:0"), _cfg(gen_tokens=160))
+    assert cfg.gen_tokens == 1024 and res.env["trap_model"] == "arch:qwen2.5-0.5b"
+    assert any("qwen2.5-0.5b" in n for n in res.notes) and any("from the device" in n for n in res.notes)

@@ -247,3 +247,28 @@ def test_quick_run_through_the_cli(quick_run):
     assert find(P.judge(LabResult.from_json(saved[0].read_text())), "prefill_decode.flops_formula").holds is True
     for name in ("roofs", "phases", "intensity", "crossover", "e2e", "disagg", "flop_check", "decode_floor"):
         assert name in data["tables"], name
+
+
+THRESHOLD_WORDS = (">=", "<=", "<", ">", "within", "exactly", "equal", "/")
+
+
+def test_each_expected_text_states_the_test_its_verdict_applies():
+    """The expected column names the threshold the judge uses (not a napkin figure the test never checks)."""
+    claims = {c.id: c for c in P.judge(fixture())}
+    for c in claims.values():
+        assert any(w in c.expected for w in THRESHOLD_WORDS), c
+    ratio = claims["prefill_decode.prefill_tokens_per_s_ratio"]
+    napkin, bar = (float(x.split("x")[0]) for x in (ratio.expected.split("roofline's ")[1], ratio.expected.split("i.e. >= ")[1]))
+    assert bar == pytest.approx(0.5 * napkin, abs=0.06)  # the 0.5 x napkin bar itself
+    assert claims["prefill_decode.ttft_grows_itl_flat"].expected.startswith("TTFT x >= 2 x ITL x, ITL x <= 1.5")
+    assert claims["prefill_decode.crossover_batch"].expected.startswith("knee within 0.5-2x of B ~16")
+
+
+def test_on_a_gpu_the_first_model_leaves_l2_behind_and_buffers_are_8x_l2(monkeypatch):
+    from llmlab.core import roofs
+
+    monkeypatch.setattr(roofs, "gpu_speed_model", lambda ref, choice, device, dtype: ("arch:llama-3.2-1b", "why") if device.is_cuda else (ref, ""))
+    cfg = P.Config.quick()
+    assert P.gpu_models(cfg, CPU, "float32") == (("tiny",), "")  # the CPU changes nothing
+    assert P.gpu_models(cfg, Device("cuda:0"), "bfloat16") == (("arch:llama-3.2-1b", "tiny"), "why")
+    assert P.roof_llc_multiple(cfg, CPU) == 2 and P.roof_llc_multiple(cfg, Device("cuda:0")) == 8

@@ -331,22 +331,34 @@ def test_bench_peers_are_numpy_and_count_bytes_the_stream_way():
         assert not names & {"torch", "bandwidth_kernels", "roofs"}, names
 
 
-def test_bench_c_triad_reports_no_compiler(monkeypatch, tmp_path):
+def test_bench_c_stream_reports_no_compiler(monkeypatch, tmp_path):
     from benchmarks import roofline as B
 
     monkeypatch.setattr(B.shutil, "which", lambda name: None)
-    assert B.build_c_triad(tmp_path) == (None, "not run: no compiler")
+    assert B.build_c_stream(tmp_path) == (None, "not run: no compiler")
 
 
-def test_bench_c_triad_builds_and_computes_the_triad(tmp_path):
+def test_bench_c_stream_builds_and_its_four_kernels_match_streams_recurrence(tmp_path):
     from benchmarks import roofline as B
 
-    exe, why = B.build_c_triad(tmp_path)
+    exe, why = B.build_c_stream(tmp_path)
     if exe is None:
         pytest.skip(why)
-    best, median, checksum = B.run_c_triad(exe, 3 * 4096, threads=2, repeats=3)
-    assert checksum == 3 * 7.0  # a = 1 + 3 x 2 at i = 0, 4096, 8192
-    assert best >= median > 0
+    rates, stores = B.run_c_stream(exe, 3 * 4096, threads=2, repeats=3)  # raises when the arrays are wrong
+    assert set(rates) == set(B.STREAM_KERNELS) and all(best >= med > 0 for best, med in rates.values())
+    assert stores in ("nontemporal", "plain")
+    assert B.stream_checksum(3 * 4096, 3) == 3 * (15.0**4 + 3 * 15.0**3 + 4 * 15.0**3)  # a, b, c after 4 rounds, 3 samples
+
+
+def test_bench_roof_vs_stream_takes_each_sides_own_statistic():
+    from benchmarks import roofline as B
+
+    bw = {"ours (torch)": {"read": {2: [(50.0, 42.0)]}, "triad": {2: [(31.0, 30.0)]}},
+          "C STREAM": {"copy": {2: [(45.0, 44.0), (44.5, 43.0)]}, "triad": {1: [(29.5, 29.4)]}}}
+    r = B.roof_vs_stream(bw)
+    assert r["lab_roof_GBps"] == 42.0 and r["lab_roof_kernel"] == "read, 2 threads"  # the lab's roof: its best median
+    assert r["stream_best_rate_GBps"] == 45.0 and r["stream_best_kernel"] == "copy, 2 threads"
+    assert r["ratio_to_best_rate"] == pytest.approx(42 / 45) and r["ratio_to_best_median"] == pytest.approx(42 / 44)
 
 
 # ---------------------------------------------------------------- end to end

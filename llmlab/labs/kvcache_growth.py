@@ -178,6 +178,8 @@ class Config:
     gen_repeats: int = 3  # median per step over repeats (never one run)
     trap_budget_s: float = 60.0  # the no-cache runs' wall-time cap: fewer tokens on a slow or shared CPU
     window_probe: int = 32  # the Mistral skeleton's window, shrunk so the cap is reached in a few tokens
+    cuda_model: str = "auto"  # GPU trap: auto = a registry arch: of >= 32x the L2 when --model fits in it (tiny does); "same" keeps it
+    max_trap_tokens: int = 8192  # GPU: the trap's token count is sized from the device (trap_tokens) up to this
     seed: int = 0
 
     def __post_init__(self):
@@ -685,14 +687,73 @@ def _elem_size(dtype: str) -> int:
 
 
 def part_trap(res: LabResult, model, device: Device, cfg: Config, progress) -> None:
+    model, cfg = trap_setup(res, model, device, cfg)
     t = trap(model, device, cfg, progress)
     steps, totals, fits = trap_tables(t)
     res.add_table("generation_steps", steps)
     res.add_table("generation_totals", totals)
-    res.add_table("generation_fits", [dict(f, tokens_equal=t["tokens_match"], tokens_compared=t["n_tokens"]) for f in fits])
+    res.add_table("generation_fits", [dict(f, tokens_equal=t["tokens_match"], tokens_compared=t["n_tokens"], model=res.env["trap_model"])
+                                      for f in fits])
     if t["n_tokens"] < cfg.gen_tokens:
         res.note(f"quadratic trap: the no-cache loop hit its {cfg.trap_budget_s:.0f} s budget at {t['n_tokens']} of "
                  f"{cfg.gen_tokens} tokens; every run generated that many")
+
+
+def trap_setup(res: LabResult, model, device: Device, cfg: Config):
+    """(model, cfg) for the trap. On a GPU: a model past L2 (core.roofs.gpu_speed_model) and a token count from
+    the device (trap_tokens): 160 tokens of `tiny` on a GPU are flat and launch-bound. On a CPU nothing changes."""
+    from dataclasses import replace
+
+    from llmlab.core.models import load
+    from llmlab.core.roofs import gpu_speed_model
+
+    ref, why = gpu_speed_model(cfg.model, cfg.cuda_model, device, cfg.dtype or "bfloat16")
+    res.env["trap_model"] = ref
+    if ref != cfg.model:
+        model = load(ref, device, cfg.dtype or "bfloat16").model
+        res.note(f"quadratic trap on {why}")
+    if device.is_cuda:
+        n, why_n = trap_tokens(model, device, cfg)
+        cfg = replace(cfg, gen_tokens=n)
+        res.env["trap_tokens"] = why_n
+        res.note(f"quadratic trap: {why_n}")
+    return model, cfg
+
+
+def trap_tokens(model, device: Device, cfg: Config, forward_ms=None) -> tuple[int, str]:
+    """(tokens to generate, why): 4x the context n_x at which one no-cache forward takes twice the shortest one's time.
+
+    Below n_x a step's fixed cost (launches, weight reads) hides the per-token work; a run to 4 n_x puts
+    about two thirds of the total into the n^2 term. Doubling n from 64 up to max_trap_tokens / 4 (and
+    the model's context); `forward_ms(n)` is one timed forward over n tokens (tests pass a stand-in)."""
+    max_pos = int(getattr(model.config, "max_position_embeddings", 0) or cfg.max_trap_tokens)
+    cap = max(cfg.gen_tokens, min(cfg.max_trap_tokens, max_pos - cfg.gen_prompt))
+    forward_ms = forward_ms or (lambda n: _no_cache_forward_ms(model, device, n, cfg.seed))
+    n, base = 64, forward_ms(64)
+    while 4 * n < cap:
+        n *= 2
+        if forward_ms(n) >= 2 * base:
+            tokens = max(cfg.gen_tokens, min(cap, 4 * n))
+            return tokens, f"{tokens} tokens from the device: a no-cache forward doubles its {base:.2f} ms by {n} tokens of context"
+    return cap, f"{cap} tokens (the cap): a no-cache forward stays under twice its {base:.2f} ms up to {n} tokens"
+
+
+def _no_cache_forward_ms(model, device: Device, n: int, seed: int) -> float:
+    """The median of 3 synchronised no-cache forwards over n tokens (logits of the last position only), in ms."""
+    import statistics
+
+    import torch
+
+    ids = _random_ids(model.config.vocab_size, 1, n, seed, device.torch)
+    times = []
+    with torch.inference_mode():
+        for _ in range(4):  # the first is a warm-up
+            device.synchronize()
+            t0 = time.perf_counter()
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            device.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[1:])
 
 
 # ---------------------------------------------------------------- judge: every verdict from the tables
@@ -719,7 +780,7 @@ def _judge_bytes(df) -> Claim:
     worst = float((df["measured_bytes"] / df["formula_bytes"] - 1).abs().max())
     per_tok = df["formula_bytes"].iloc[0] / (df["batch"].iloc[0] * df["cached_tokens"].iloc[0])
     return Claim("kvcache_growth.bytes_match_formula", "measured cache bytes equal the formula at every length",
-                 f"2 x layers x kv_heads x head_dim x bytes = {per_tok:.0f} B/tok",
+                 f"every row exactly 2 x layers x kv_heads x head_dim x bytes = {per_tok:.0f} B/tok x tokens",
                  f"{n_match}/{len(df)} rows exact (worst off by {worst:.2g})", n_match == len(df))
 
 
@@ -731,7 +792,7 @@ def _judge_outweighs(df, model: str) -> Claim:
     n_star = float(dyn["tokens_to_outweigh"].iloc[0])
     first = dyn[over].sort_values(["batch", "seq_len"]).head(1)
     text = f"the cache outweighs the weights past N tokens ({model})"
-    expected = f"N = weights / bytes per token = {n_star:,.0f} (batch x tokens)"
+    expected = f"every row on its side of N = weights / bytes per token = {n_star:,.0f} (batch x tokens)"
     if not over.any():
         return Claim("kvcache_growth.cache_outweighs_weights", text, expected,
                      f"largest cache {dyn['cache_over_weights'].max():.2f}x the weights", None,
@@ -748,14 +809,14 @@ def _judge_window(sw) -> Claim:
     ok = (sw["cached_tokens"] == sw["formula_tokens"]) & (sw["measured_bytes"] == sw["formula_bytes"])
     capped = int(sw["cached_tokens"].max())
     return Claim("kvcache_growth.sliding_window_caps", "a sliding window caps the cache (Mistral skeleton)",
-                 f"min(length, window - 1 = {w - 1}) tokens (HF's rule)",
+                 f"every length exactly min(length, window - 1 = {w - 1}) tokens (HF's rule)",
                  f"<= {capped} tokens to length {int(sw['seq_len'].max())}; {int(ok.sum())}/{len(sw)} rows exact",
                  bool(ok.all()))
 
 
 def _judge_allocator(alloc, why: str) -> Claim:
     cid, text = "kvcache_growth.dynamic_cache_copies", "a DynamicCache copies itself each step; a StaticCache not"
-    expected = "dynamic step peak > static's"
+    expected = "dynamic's largest step peak > static's"
     if alloc is None or alloc.empty:
         return Claim(cid, text, expected, "-", None, note=f"not measured: {why or 'no allocator rows'}")
     ok = alloc[~alloc["oom"].astype(bool)]
@@ -772,7 +833,7 @@ def _judge_gqa(reg) -> Claim:
     ratio = l2["measured_bf16_KiB_per_token"] / l3["measured_bf16_KiB_per_token"]
     formula = l2["bf16_KiB_per_token"] / l3["bf16_KiB_per_token"]
     return Claim("kvcache_growth.gqa_4x_smaller", "Llama 3 8B needs 4x less KV per token than Llama 2 7B",
-                 f"{l2['bf16_KiB_per_token']:.0f} vs {l3['bf16_KiB_per_token']:.0f} KiB (32 vs 8 KV heads): {formula:.1f}x",
+                 f"exactly 4x, measured and formula ({l2['bf16_KiB_per_token']:.0f} vs {l3['bf16_KiB_per_token']:.0f} KiB: 32 vs 8 KV heads)",
                  f"HF caches {l2['measured_bf16_KiB_per_token']:.0f} vs {l3['measured_bf16_KiB_per_token']:.0f} KiB/token: {ratio:.2f}x",
                  bool(abs(ratio - 4.0) < 1e-9 and abs(formula - 4.0) < 1e-9))
 
@@ -781,8 +842,8 @@ def _judge_trap(fits) -> list[Claim]:
     f = fits.set_index("mode")
     nc, wc = f.loc["without cache"], f.loc["with cache"]
     n = int(nc["n_max"])
-    text = "without a cache, total generation time grows quadratically"
-    expected = "a n^2 + b n + c: a > 0, residual <= 0.5x a line's"
+    text = "without a cache, total generation time grows quadratically" + (f" ({nc['model']})" if "model" in nc.index else "")
+    expected = "fit a n^2 + b n + c: a > 0 and its squared residual <= 0.5x a line's"
     measured = f"a = {nc['quad_a_s_per_tok2'] * 1e6:.1f} us/tok^2, residual {nc['quad_ssr'] / nc['lin_ssr']:.2f}x; {n} tokens"
     if n < MIN_FIT_TOKENS:
         quad = Claim("kvcache_growth.no_cache_quadratic", text, expected, measured, None,

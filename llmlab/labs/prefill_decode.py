@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from llmlab.core.device import Device, cpu_load, last_level_cache_bytes, torch_threads
 from llmlab.core.errors import MeasurementError, UsageError
 from llmlab.core.flops import Shape, counted_flops, crossover_batch, decode_cost, kv_bytes, prefill_cost
-from llmlab.core.timing import Stats, Stopwatch, measure
+from llmlab.core.timing import LATENCY, Stats, Stopwatch, measure
 
 if TYPE_CHECKING:  # torch and pandas load inside the functions: the CLI reads Config's defaults for --help
     import pandas as pd
@@ -77,6 +77,7 @@ class Config:
     roof_blocks: int = 10  # timed blocks per bandwidth kernel
     roof_repeats: int = 5  # timed matmuls per shape for the compute roof
     roof_shapes: int = 2  # matmul shapes for the compute roof (the best median wins)
+    cuda_model: str = "auto"  # GPU: auto = a registry arch: of >= 32x the L2 replaces the first model when it fits in L2 (tiny does)
     seed: int = 0  # the CLI sets it from --seed
 
     def __post_init__(self):
@@ -146,7 +147,7 @@ def time_prefill(model, tokens: int, device: Device, cfg: Config, gen: torch.Gen
     box = {}
     setup = lambda: box.update(cache=new_cache(model))  # noqa: E731  (outside the timed call)
     fn = lambda: prefill(model, ids, box["cache"]).argmax(-1)  # noqa: E731
-    return measure(fn, device, warmup=1, repeats=cfg.repeats, setup=setup, max_time_s=cfg.max_point_s)
+    return measure(fn, device, mode=LATENCY, warmup=1, repeats=cfg.repeats, setup=setup, max_time_s=cfg.max_point_s)
 
 
 def time_decode(model, context: int, batch: int, device: Device, cfg: Config, gen: torch.Generator) -> Stats:
@@ -158,7 +159,7 @@ def time_decode(model, context: int, batch: int, device: Device, cfg: Config, ge
     cache = fill_cache(model, batch, context, gen)
     tok = torch.randint(0, model.config.vocab_size, (batch, 1), generator=gen).to(device.torch)  # (B, 1)
     fn = lambda: decode_one_token(model, tok, cache).argmax(-1)  # noqa: E731
-    return measure(fn, device, warmup=1, repeats=max(cfg.repeats, 5), setup=lambda: crop(cache, context),
+    return measure(fn, device, mode=LATENCY, warmup=1, repeats=max(cfg.repeats, 5), setup=lambda: crop(cache, context),
                    max_time_s=cfg.max_point_s)
 
 
@@ -188,7 +189,7 @@ def measure_roofs(cfg: Config, device: Device, dtype: str, threads: int) -> pd.D
 
     spec = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
     roofs.warm_up(device)
-    bufs = roofs.bandwidth_buffers(device, cfg.roof_llc_multiple)
+    bufs = roofs.bandwidth_buffers(device, roof_llc_multiple(cfg, device))
     bws = [roofs.measure_bandwidth(device, k, bufs=bufs, blocks=cfg.roof_blocks, threads=threads) for k in ("read", "triad")]
     del bufs
     shapes = (roofs.GPU_SHAPES if device.is_cuda else roofs.CPU_SHAPES[1:])[:cfg.roof_shapes]  # CPU: 4-8 GFLOP, ~0.2 s each
@@ -201,6 +202,21 @@ def measure_roofs(cfg: Config, device: Device, dtype: str, threads: int) -> pd.D
         dict(roof="ridge", value=roofs.ridge_point(peak, bw.median_GBps), unit="FLOP/byte", how="peak / bandwidth"),
         dict(roof="last-level cache", value=last_level_cache_bytes(device) / 2**20, unit="MiB", how="device card"),
     ])
+
+
+def roof_llc_multiple(cfg: Config, device: Device) -> int:
+    """Bandwidth buffers in LLCs: --quick's 2x is enough for a CPU's DRAM, but a GPU's L2 serves part of a 2x
+    buffer, so on CUDA they are >= 8x the L2 (core.roofs caps them at 1/8 of the free HBM)."""
+    return max(cfg.roof_llc_multiple, 8) if device.is_cuda else cfg.roof_llc_multiple
+
+
+def gpu_models(cfg: Config, device: Device, dtype: str) -> tuple[tuple[str, ...], str]:
+    """(the models to time, why the first changed or ""): on a GPU the first model, which the crossover, E2E and
+    every verdict use, is one whose weights leave L2 behind (core.roofs.gpu_speed_model)."""
+    from llmlab.core.roofs import gpu_speed_model
+
+    first, why = gpu_speed_model(cfg.models[0], cfg.cuda_model, device, dtype)
+    return tuple(dict.fromkeys((first, *cfg.models))), why
 
 
 def _roof(tables, name: str) -> float:
@@ -393,8 +409,12 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     from llmlab.core.models import load, load_config
     from llmlab.core.results import LabResult
 
-    res = LabResult.new(LAB, VERSION, cfg)
     dtype = model_dtype(cfg, device)
+    models, why = gpu_models(cfg, device, dtype)
+    cfg = replace(cfg, models=models)  # the models that run are the ones the result records
+    res = LabResult.new(LAB, VERSION, cfg)
+    if why:
+        res.note(f"first model: {why}")
     if not device.is_cuda and dtype == "float16":
         raise UsageError("--dtype float16 on a CPU: no FP16 matmul path to measure; use float32 or bfloat16")
     elem = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
@@ -495,7 +515,7 @@ def judge(result: LabResult) -> list[Claim]:
         napkin = float(ph["tokens"]) * (float(dec["bytes"]) / bw / 1e6) / float(pre["roof_ms"])
         claims.append(Claim("prefill_decode.prefill_tokens_per_s_ratio",
                             f"prefill makes far more tokens/s than decode (T={int(ph['tokens'])})",
-                            f"~{napkin:.0f}x (roofline)",
+                            f">= 0.5x the roofline's {napkin:.1f}x, i.e. >= {0.5 * napkin:.1f}x",
                             f"{ph['ratio']:.0f}x ({ph['prefill_tok_s']:.0f} vs {ph['decode_tok_s']:.1f} tok/s)",
                             ph["ratio"] >= 0.5 * napkin, note="under half the roofline's ratio: prefill runs far below its roof"))
     return claims + _later_claims(T, has, ridge)
@@ -518,7 +538,8 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
         flop_x, byte_x = b["prefill_flops"] / a["prefill_flops"], b["decode_bytes"] / a["decode_bytes"]
         holds = ttft_x >= 2 * itl_x and itl_x <= 1.5
         claims.append(Claim(cid, f"T {int(a['tokens'])} -> {int(b['tokens'])}: TTFT grows, ITL barely moves",
-                            f"TTFT x{flop_x:.0f} (FLOPs), ITL x{byte_x:.2f} (bytes)", f"TTFT x{ttft_x:.1f}, ITL x{itl_x:.2f}",
+                            f"TTFT x >= 2 x ITL x, ITL x <= 1.5 (formula: TTFT x{flop_x:.0f}, ITL x{byte_x:.2f})",
+                            f"TTFT x{ttft_x:.1f}, ITL x{itl_x:.2f}",
                             holds, note="ITL grew > 1.5x: the KV cache is large next to the weights" if itl_x > 1.5 else
                             "TTFT grew < 2x ITL's growth: fixed costs dominate short prompts"))
     else:
@@ -530,7 +551,7 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
     if e2e is not None and len(e2e):
         w = e2e.loc[e2e["error"].abs().idxmax()]
         claims.append(Claim("prefill_decode.e2e_from_parts", "E2E = TTFT + (n - 1) x ITL, from the parts",
-                            f"within {E2E_TOL:.0%}", f"worst {w['error']:+.1%} (T={int(w['tokens'])}, n={int(w['new_tokens'])})",
+                            f"every (T, n) within {E2E_TOL:.0%}", f"worst {w['error']:+.1%} (T={int(w['tokens'])}, n={int(w['new_tokens'])})",
                             abs(w["error"]) <= E2E_TOL, note="parts and whole timed apart: a busy CPU moves them"))
 
     # 7. the FLOP formula against FlopCounterMode
@@ -538,7 +559,7 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
         fc = T["flop_check"]
         w = fc.loc[(fc["ratio"] - 1).abs().idxmax()]
         claims.append(Claim("prefill_decode.flops_formula", "FLOPs from the shape = FlopCounterMode's count",
-                            f"within {FLOP_TOL:.0%}", f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
+                            f"both phases within {FLOP_TOL:.0%}", f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
                             abs(w["ratio"] - 1) <= FLOP_TOL, note="the formula misses (or adds) an op the model runs"))
 
     # 8. disaggregation: moving the KV costs less than recomputing it; the interference it removes is not measured
@@ -546,7 +567,7 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
     if dis is not None and len(dis):
         w = dis.loc[dis["transfer_over_prefill"].idxmax()]
         claims.append(Claim("prefill_decode.kv_move_cheaper_than_prefill", "moving a request's KV costs less than its prefill",
-                            "< 1x", f"worst {w['transfer_over_prefill']:.1e}x prefill (T={int(w['tokens'])}, {w['link'].split()[0]})",
+                            "every T and link < 1x its prefill", f"worst {w['transfer_over_prefill']:.1e}x prefill (T={int(w['tokens'])}, {w['link'].split()[0]})",
                             w["transfer_over_prefill"] < 1, note="this link is slower than recomputing the prompt"))
     return claims
 
@@ -599,7 +620,7 @@ def _crossover_claim(cx, ridge) -> Claim:
     pred, napkin = float(cx.iloc[0]["formula_crossover"]), float(cx.iloc[0]["napkin_crossover"])
     knee, reached = measured_knee(cx)
     bmax, grow = int(cx.iloc[-1]["batch"]), cx.iloc[-1]["ms"] / cx.iloc[0]["ms"]
-    expected = (f"B ~{pred:.0f} (napkin ~{napkin:.0f}: ridge {ridge:.1f} FLOP/B)" if math.isfinite(pred)
+    expected = (f"knee within 0.5-2x of B ~{pred:.0f} (napkin ~{napkin:.0f}: ridge {ridge:.1f} FLOP/B)" if math.isfinite(pred)
                 else "never (the KV grows as fast as the FLOPs)")
     note = "within 2x holds; a late knee: fixed per-step costs hide the compute until large batches"
     if reached:
