@@ -409,6 +409,29 @@ def tiny_eval(
 # ---------------------------------------------------------------- labs
 
 
+from llmlab.labs.tokens import Config as _TK  # noqa: E402  (light: torch loads inside the lab)
+
+_TKD, _TKQ = _TK(), _TK.quick()
+
+
+@app.command("tokens", rich_help_panel=LABS)
+def tokens(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help=f"Models with a trained tokenizer (repeatable): tiny, tiny-draft, a Hugging Face id or local path. Default: {', '.join(_TKD.models)} ({', '.join(_TKQ.models)} with --quick).", show_default=False)] = None,
+    vocab_sizes: Annotated[Optional[str], typer.Option("--vocab-sizes", help=f"Vocabulary sizes V of part 3, comma-separated (>= 256). Default {','.join(map(str, _TKD.vocab_sizes))} ({','.join(map(str, _TKQ.vocab_sizes))} with --quick).", show_default=False)] = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", help=f"The layer shape whose vocabulary part 3 sweeps (tiny or arch:NAME; random weights). Default {_TKD.shape} ({_TKQ.shape} with --quick).", show_default=False)] = None,
+    permutations: Annotated[Optional[int], typer.Option("--permutations", help=f"Sign flips of part 2's permutation test (>= 100). Default {_TKD.permutations:,} ({_TKQ.permutations:,} with --quick).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads. Default: torch's, or 1 when the CPU is oversubscribed.", show_default=False)] = None,
+    device: DeviceOpt = "auto", gpu: GpuOpt = None, quick: QuickOpt = False, json_: JsonOpt = False,
+    out: OutOpt = "results", no_save: NoSaveOpt = False, seed: SeedOpt = 0, tables: TablesOpt = "report",
+) -> None:
+    """Tokens: a model reads ids, not letters; an id means nothing until its embedding; the vocabulary has a price.
+
+    This lab shows how each tokenizer splits English, numbers, code and the same sentence in ten languages (tokens per word and per character, the premium over English), why counting the r's in "strawberry" is hard (the pieces, and the model asked, where it answers at all), the nearest neighbours of words in the input-embedding matrix against their neighbours by id (related words by a rule that does not use the embedding, with a permutation test), and what V = 4k .. 256k costs: embedding and LM-head bytes, logits per token, and the LM head's share of a timed decode step against the formula.
+    """
+    run_lab("tokens", Common(device, gpu, quick, json_, out, no_save, seed, tables), models=tuple(model) if model else None,
+            vocab_sizes=_ints(vocab_sizes, "--vocab-sizes"), shape=shape, permutations=permutations, threads=threads)
+
+
 @app.command("gpu-parallelism", rich_help_panel=LABS)
 def gpu_parallelism(
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these parts (repeatable): sizes, waves, tensor-cores, launch, alexnet, copies.", show_default=False)] = None,

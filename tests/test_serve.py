@@ -30,16 +30,17 @@ def server():
     stop_serve(proc)
 
 
-def post(base, path, body, **kw):
+def post(base, path, body, headers=None, **kw):
     return httpx.post(base + path, content=body if isinstance(body, str) else json.dumps(body),
-                      headers={"content-type": "application/json"}, timeout=120, **kw)
+                      headers={"content-type": "application/json", **(headers or {})}, timeout=120, **kw)
 
 
-def metrics(base) -> dict:
+def metrics(base, **labels) -> dict:
+    """Every series summed over its labels but the histogram buckets' `le`; with labels, only the samples carrying them."""
     out = {}
     for fam in text_string_to_metric_families(httpx.get(base + "/metrics").text):
         for s in fam.samples:
-            if not s.labels or s.name.endswith("_total"):
+            if "le" not in s.labels and labels.items() <= s.labels.items():
                 out[s.name] = out.get(s.name, 0) + s.value
     return out
 
@@ -172,8 +173,8 @@ def test_disconnect_frees_blocks(server):
     ({"prompt": [5] * (KV_BLOCKS * 16 + 10), "max_tokens": 1}, 400),  # prompt longer than the context
     ('{"prompt": "hi", ', 400),  # malformed JSON
     ({"prompt": "hi", "temperature": -0.5}, 400),
-    ({"prompt": "hi", "max_tokens": "many"}, 422),
-    ({"max_tokens": 3}, 422),  # no prompt
+    ({"prompt": "hi", "max_tokens": "many"}, 400),
+    ({"max_tokens": 3}, 400),  # no prompt
 ])
 def test_bad_requests_get_openai_errors(server, body, status):
     base, _ = server
@@ -244,6 +245,372 @@ def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
     assert rec.itl_s == pytest.approx([(b - a) / 1e9 for a, b in zip(seq.token_ns, seq.token_ns[1:])])  # noqa: B905
     m = calculate_metrics([rec], 1.0)
     assert m.completed == 1 and m.total_output_tokens == 4 and set(vars(m)) >= {"p50_ttft_ms", "p99_itl_ms", "p50_tpot_ms"}
+
+
+# ---------------------------------------------------------------- any request: a 4xx or its answer, then a normal request
+
+
+def normal(base, **kw) -> dict:
+    """A normal greedy request succeeds (what every reliability test checks after its bad request)."""
+    r = post(base, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 3, "temperature": 0, "ignore_eos": True}, **kw)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+    return r.json()
+
+
+def wait_idle(base, timeout=30.0) -> dict:
+    """/metrics once nothing runs, waits or holds a block (the gauges, as an idle server must show them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(base)
+        idle = (m["llmlab:num_requests_running"], m["llmlab:num_requests_waiting"], m["llmlab:kv_cache_usage_perc"]) == (0, 0, 0)
+        if idle or time.monotonic() > deadline:
+            return m
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("seed, status", [(2**64, 400), (2**63, 400), (-(2**63) - 1, 400), (2**63 - 1, 200), (-5, 200)])
+def test_a_seed_out_of_int64_is_400_and_the_engine_lives(server, seed, status):
+    base, _ = server
+    r = post(base, "/v1/completions", {"prompt": "x = ", "max_tokens": 2, "temperature": 1.0, "seed": seed})
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["param"] == "seed"
+    normal(base)
+    assert httpx.get(base + "/health").json() == {"status": "ok"}
+
+
+def test_a_vanishing_temperature_is_greedy_and_the_engine_lives(server):
+    base, _ = server
+    body = {"prompt": "def add(a, b):", "max_tokens": 5, "ignore_eos": True}
+    greedy = post(base, "/v1/completions", {**body, "temperature": 0}).json()["choices"][0]["text"]
+    for t in (1e-40, 5e-324, 1e-6):  # below vLLM's 1e-5: greedy (dividing the logits by it overflows)
+        r = post(base, "/v1/completions", {**body, "temperature": t})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == greedy, r.text
+    normal(base)
+    assert httpx.get(base + "/health").json() == {"status": "ok"}
+
+
+def test_a_body_over_the_cap_is_413_before_it_is_read(server):
+    base, _ = server
+    from llmlab.serving.server.protocol import MAX_BODY_BYTES
+
+    big = json.dumps({"prompt": "a" * (MAX_BODY_BYTES + 10), "max_tokens": 1})
+    r = post(base, "/v1/completions", big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413 and r.json()["error"]["type"] == "request_too_large"
+    def chunks():  # no Content-Length: the streamed count stops it
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b" " * 65536
+    r = httpx.post(base + "/v1/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413
+    normal(base)
+
+
+def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(server):
+    base, _ = server
+    t0 = time.perf_counter()
+    r = post(base, "/v1/completions", {"prompt": "def f(x):\n    return x\n" * 40_000, "max_tokens": 1})  # ~1 MB
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "prompt"
+    r = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 200_000}], "max_tokens": 1})
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
+    # just past the context in tokens, within the character bound: counted exactly (off the event loop)
+    r = post(base, "/v1/completions", {"prompt": " x" * (KV_BLOCKS * 16 + 5), "max_tokens": 1})
+    assert r.status_code == 400 and "tokens" in r.json()["error"]["message"]
+    normal(base)
+    assert time.perf_counter() - t0 < 120
+
+
+def test_a_non_streamed_request_whose_client_leaves_is_aborted(server):
+    base, _ = server
+    before = metrics(base, finished_reason="abort").get("llmlab:request_success_total", 0)
+    body = {"prompt": "class Foo:", "max_tokens": 900, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/completions", json=body, timeout=1.0)  # 900 tokens take seconds: the client leaves first
+    m = wait_idle(base)
+    assert (m["llmlab:num_requests_running"], m["llmlab:kv_cache_usage_perc"]) == (0, 0)
+    assert metrics(base, finished_reason="abort")["llmlab:request_success_total"] == before + 1  # not "length": cut short
+    normal(base)
+
+
+def stream_pieces(base, body) -> tuple[list[str], list]:
+    r = post(base, "/v1/completions", {**body, "stream": True})
+    chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    return [c["text"] for c in choices], [c["finish_reason"] for c in choices]
+
+
+def test_a_stop_string_across_tokens_is_trimmed_exactly(server):
+    base, _ = server
+    body = {"prompt": "class Foo:", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    pieces, _ = stream_pieces(base, body)
+    full = "".join(pieces)
+    i = next(i for i in range(1, len(pieces)) if len(pieces[i - 1]) >= 2 and len(pieces[i]) >= 2)  # a token boundary
+    stop = pieces[i - 1][-2:] + pieces[i][:2]  # spans it
+    want = full[: full.index(stop)]
+    n_want = next(k for k in range(1, len(pieces) + 1) if stop in "".join(pieces[:k]))  # the token that completes it
+    before = metrics(base)
+    r = post(base, "/v1/completions", {**body, "stop": [stop, "\x00never"]}).json()
+    assert r["choices"][0]["text"] == want and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == n_want == r["timings"]["predicted_n"]
+    got, reasons = stream_pieces(base, {**body, "stop": stop})
+    assert "".join(got) == want and reasons[-1] == "stop" and set(reasons[:-1]) <= {None}
+    m = wait_idle(base)
+    assert m["llmlab:request_success_total"] - before["llmlab:request_success_total"] == 2
+    assert metrics(base, finished_reason="stop")["llmlab:request_success_total"] >= 2
+    # the tokens the engine made past the stop are not counted: generated == what usage said, twice
+    assert m["llmlab:generation_tokens_total"] - before["llmlab:generation_tokens_total"] == 2 * n_want
+
+
+def test_the_gauges_return_to_zero_once_idle(server):
+    base, _ = server
+    body = {"prompt": "import os\n", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
+    for _ in range(3):  # streams left mid-way, and stop strings
+        with httpx.Client(timeout=60) as c, c.stream("POST", base + "/v1/completions", json=body) as r:
+            next(r.iter_lines())
+    for stop in ("e", "\n", " "):
+        post(base, "/v1/completions", {**body, "stream": False, "stop": stop})
+    m = wait_idle(base)
+    assert (m["llmlab:num_requests_running"], m["llmlab:num_requests_waiting"], m["llmlab:kv_cache_usage_perc"]) == (0, 0, 0)
+    assert stats(base)["blocks_in_use"] == 0
+    normal(base)
+
+
+@pytest.mark.parametrize("raw", [
+    '{"prompt": "\\ud800", "max_tokens": 1}',  # a lone surrogate
+    '{"messages": [{"role": "user", "content": "a\\udfffb"}]}',
+    '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}",  # nested past Python's recursion limit
+    '{"prompt": "hi", "temperature": NaN}',
+    '{"prompt": "hi", "temperature": Infinity}',
+    '{"prompt": "hi", "temperature": 1e400}',
+    '["not", "an", "object"]',
+    '\xff\xfe',
+])
+def test_undecodable_bodies_are_400_in_openai_shape(server, raw):
+    base, _ = server
+    path = "/v1/chat/completions" if "messages" in raw else "/v1/completions"
+    r = post(base, path, raw)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+    assert r.json()["error"]["code"] == 400 and r.json()["error"]["message"]
+    normal(base)
+
+
+def test_unknown_routes_and_methods_are_openai_shaped(server):
+    base, _ = server
+    for r, status in ((httpx.get(base + "/v1/nothing"), 404), (httpx.put(base + "/v1/completions"), 405),
+                      (httpx.get(base + "/v1/completions"), 405)):
+        assert r.status_code == status and r.json()["error"]["code"] == status
+
+
+@pytest.mark.parametrize("path, extra, field", [
+    ("/v1/completions", {"logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"logprobs": 0}, "logprobs"),
+    ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
+    ("/v1/completions", {"n": 2}, "n"),
+    ("/v1/completions", {"best_of": 3}, "best_of"),
+    ("/v1/completions", {"logit_bias": {"5": 10.0}}, "logit_bias"),
+    ("/v1/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("/v1/chat/completions", {"presence_penalty": -1.0}, "presence_penalty"),
+    ("/v1/completions", {"suffix": "end"}, "suffix"),
+    ("/v1/chat/completions", {"echo": True}, "echo"),  # echo is a completions option
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/completions", {"frobnicate": 1}, "frobnicate"),  # not an OpenAI option at all
+])
+def test_options_this_server_cannot_honour_are_400_naming_the_field(server, path, extra, field):
+    base, _ = server
+    body = {"max_tokens": 2, **({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})}
+    r = post(base, path, {**body, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field and field in r.json()["error"]["message"], r.text
+    normal(base)
+
+
+def test_no_op_values_of_those_options_are_served(server):
+    base, _ = server
+    noop = {"n": 1, "logprobs": None, "best_of": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "user": "u1"}
+    r = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **noop})
+    assert r.status_code == 200, r.text
+    r = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                                            "max_tokens": 2, "logprobs": False, "top_logprobs": 0, "n": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_echo_returns_the_prompt_before_the_completion(server):
+    base, _ = server
+    body = {"prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    plain = post(base, "/v1/completions", body).json()["choices"][0]["text"]
+    echoed = post(base, "/v1/completions", {**body, "echo": True}).json()
+    assert echoed["choices"][0]["text"] == body["prompt"] + plain and echoed["usage"]["completion_tokens"] == 4
+    got, _ = stream_pieces(base, {**body, "echo": True})
+    assert "".join(got) == body["prompt"] + plain
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"max_tokens": "5"}, "max_tokens"), ({"max_tokens": True}, "max_tokens"), ({"max_tokens": 5.0}, "max_tokens"),
+    ({"stream": "yes"}, "stream"), ({"stream": 1}, "stream"), ({"temperature": "0.5"}, "temperature"),
+    ({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p"), ({"seed": 1.5}, "seed"), ({"stop": [1]}, "stop"),
+    ({"prompt": [1, True]}, "prompt"), ({"ignore_eos": "true"}, "ignore_eos"), ({"stream_options": {"include_usage": 1}}, "stream_options"),
+])
+def test_loose_types_and_out_of_range_values_are_400(server, extra, field):
+    base, _ = server
+    r = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **extra})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == field and field in err["message"], r.text
+    if field == "temperature" and extra[field] == 2.5:
+        assert "2" in err["message"]  # OpenAI's range, said
+    normal(base)
+
+
+def test_metrics_carry_the_model_name_label(server):
+    base, _ = server
+    normal(base)
+    samples = [s for f in text_string_to_metric_families(httpx.get(base + "/metrics").text) for s in f.samples]
+    assert samples and all(s.labels.get("model_name") == "tiny" for s in samples)
+    assert metrics(base, model_name="tiny")["llmlab:e2e_request_latency_seconds_count"] >= 1
+
+
+@pytest.mark.parametrize("headers, status", [
+    ({"host": "attacker.example"}, 400),  # DNS rebinding: the page's own host name
+    ({"host": "attacker.example:8000"}, 400),
+    ({"origin": "http://attacker.example", "content-type": "text/plain"}, 403),  # a simple request: no preflight
+    ({"origin": "null"}, 403),
+    ({"sec-fetch-site": "cross-site"}, 403),
+    ({"host": "localhost"}, 200),
+])
+def test_host_header_and_cross_origin_posts_are_checked(server, headers, status):
+    base, _ = server
+    body = json.dumps({"prompt": "hi", "max_tokens": 1})
+    r = httpx.post(base + "/v1/completions", content=body, headers={"content-type": "application/json", **headers}, timeout=60)
+    assert r.status_code == status, r.text
+    if status != 200:
+        assert r.json()["error"]["code"] == status
+    same = {"origin": base}  # a page the server itself served may post
+    assert httpx.post(base + "/v1/completions", content=body, headers={"content-type": "application/json", **same}).status_code == 200
+
+
+def test_an_api_key_guards_every_route_but_health_and_is_never_printed(monkeypatch):
+    key = "sk-llmlab-test-" + os.urandom(8).hex()
+    monkeypatch.setenv("LLMLAB_API_KEY", key)
+    base, proc = start_serve("--kv-blocks", "32")
+    try:
+        assert httpx.get(base + "/health").status_code == 200
+        for path in ("/v1/models", "/metrics", "/v1/engine/stats"):
+            r = httpx.get(base + path)
+            assert r.status_code == 401 and r.json()["error"]["code"] == 401, path
+        body = {"prompt": "hi", "max_tokens": 1}
+        for auth in (None, "Bearer wrong", key, "Basic " + key):
+            r = httpx.post(base + "/v1/completions", json=body, headers={"authorization": auth} if auth else {})
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        normal(base, headers={"authorization": f"Bearer {key}"})
+    finally:
+        stop_serve(proc)
+        proc.log.seek(0)
+        log = proc.log.read()
+    assert "API key required" in log and key not in log
+
+
+def test_serve_rejects_a_bad_dtype_and_a_missing_gpu_with_one_line(cli):
+    from conftest import free_port
+
+    for args, words in ((["--dtype", "float8"], "unknown dtype"), (["--gpu", "3"], "not available")):
+        r = cli("serve", "--device", "auto", "--port", str(free_port()), *args)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_dtype_auto_and_the_kv_pool_sized_from_free_memory(monkeypatch):
+    import torch
+
+    from llmlab.core.models import load_config
+    from llmlab.serving.server import launch
+
+    assert launch.resolve_dtype("auto", "cpu") == "float32" and launch.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert launch.resolve_dtype("auto", "cuda") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert launch.resolve_dtype("auto", "cuda") == "float16"
+    cfg = load_config("tiny")
+    per_block = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
+    assert launch.kv_block_bytes(cfg, 16, 2) == per_block
+    gib = 2**30
+    reserve = launch.activation_reserve(cfg, 512)
+    n = launch.kv_blocks_from_memory(cfg, 16, 2, free=100 * gib, total=140 * gib, utilization=0.9, max_num_batched_tokens=512)
+    assert n == int((100 * gib - 0.1 * 140 * gib - reserve) // per_block)  # vLLM's rule: keep (1 - u) of the card
+    assert launch.kv_blocks_from_memory(cfg, 16, 2, free=10 * gib, total=140 * gib, utilization=0.9, max_num_batched_tokens=512) == 0
+
+
+def test_the_pool_on_cuda_comes_from_mem_get_info(monkeypatch):
+    import torch
+
+    from llmlab.core.device import Device
+    from llmlab.core.errors import UsageError
+    from llmlab.core.models import load
+    from llmlab.serving.server import launch
+
+    lm = load("tiny", "cpu")
+    seen = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: seen.append(d) or (8 * 2**30, 16 * 2**30))
+    dev = Device("cuda:1")
+    n = launch.size_pool(lm, dev, None, 16, 0.9, 512)
+    assert seen == [dev.torch]  # the GPU it serves on, not cuda:0
+    assert n == launch.kv_blocks_from_memory(lm.config, 16, 4, 8 * 2**30, 16 * 2**30, 0.9, 512) > 0
+    assert launch.size_pool(lm, dev, 77, 16, 0.9, 512) == 77 and launch.size_pool(lm, Device("cpu"), None, 16, 0.9, 512) == 1024
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (1 * 2**30, 16 * 2**30))
+    with pytest.raises(UsageError, match="no room for a KV cache"):
+        launch.size_pool(lm, dev, None, 16, 0.9, 512)
+
+
+def test_an_engine_fault_fails_its_batch_alone_and_the_engine_goes_on():
+    """A step that raises (a sampling error, a bug) fails the requests in that step's batch, is counted, and later
+    requests are served; every torch call runs on the one thread the server hands the engine."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llmlab.core.models import load
+    from llmlab.inference.sampling import NoTokenError
+    from llmlab.serving.engine import Engine, EngineConfig
+    from llmlab.serving.scheduler import RequestParams
+    from llmlab.serving.server.async_engine import AsyncEngine, Fault, Handle
+    from llmlab.serving.server.metrics import Metrics
+
+    pool = ThreadPoolExecutor(1)
+    torch_thread = pool.submit(threading.get_ident).result()
+    engine = Engine(load("tiny", "cpu").model, EngineConfig(num_blocks=32))
+    threads, real_sample, fail_next = set(), engine.sample, [True]
+
+    def sample(logits, seqs):  # after the step has scheduled and run its batch, as a sampling error happens
+        threads.add(threading.get_ident())
+        if fail_next[0]:
+            fail_next[0] = False
+            raise NoTokenError("row 0 has no token to sample")
+        return real_sample(logits, seqs)
+
+    engine.sample = sample
+    aeng = AsyncEngine(engine, Metrics("tiny"), pool)
+
+    async def one(prompt):
+        h = Handle(prompt, RequestParams(max_tokens=3, ignore_eos=True), 0, 0, asyncio.get_running_loop())
+        aeng.submit(h)
+        out = []
+        while (ev := await h.events.get()) is not None and not isinstance(ev, Fault):
+            out.append(ev)
+        aeng.close(h, "abort" if isinstance(ev, Fault) else h.seq.finish_reason, len(out))
+        return ev, out
+
+    async def go():
+        first = await one([5, 6, 7])
+        return first, await one([8, 9, 10])
+
+    aeng.start()
+    try:
+        (ev1, _), (ev2, out2) = asyncio.run(go())
+    finally:
+        aeng.shutdown()
+        pool.shutdown()
+    assert isinstance(ev1, Fault) and "NoTokenError" in ev1.message
+    assert ev2 is None and len(out2) == 3  # the next request is served
+    assert aeng.num_faults == 1 and "NoTokenError" in aeng.last_fault and threads == {torch_thread}
+    assert engine.blocks.num_used == 0 and not engine.has_work()
 
 
 def test_ctrl_c_shuts_down_cleanly(server):  # last: it stops the module's server
