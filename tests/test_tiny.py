@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -44,19 +45,33 @@ def test_tokenizer_round_trips(pair):
 
 def test_lr_schedule_warms_up_then_decays():
     cfg = train.TrainConfig()
-    w = cfg.warmup_steps
-    lrs = [train.lr_at(s, 20 * w, 1.0, cfg) for s in range(20 * w)]
+    w, n = cfg.warmup_steps, 1000
+    lrs = [train.lr_at(s, n, 1.0, cfg) for s in range(n)]
     assert lrs[0] < lrs[w - 1] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[w:], lrs[w + 1:], strict=False))
+    start = train.decay_start(n, cfg)
+    assert start == 800 and set(lrs[w:start]) == {1.0}  # WSD: constant between warm-up and decay
+    assert all(a >= b for a, b in zip(lrs[start:], lrs[start + 1:], strict=False)) and lrs[start + 1] < 1.0
     assert lrs[-1] == pytest.approx(cfg.min_lr_frac, abs=0.01)
-    # the warm-up does not depend on the total (what lets a run re-sized after it be reproduced)
-    assert [train.lr_at(s, 30 * w, 1.0, cfg) for s in range(w)] == lrs[:w]
+    # before the decay, the LR does not depend on the total: what lets a --minutes run re-size it
+    assert [train.lr_at(s, 3 * n, 1.0, cfg) for s in range(start)] == lrs[:start]
 
 
 def test_budget_resizes_to_what_fits():
-    # warm-up of 100 steps took 200 s: 2 s a step, so 2,000 s more buys 1,000 steps
-    assert train.resized_total(5000, 100, 200.0, 2200.0) == 1100
-    assert train.resized_total(5000, 100, 200.0, 300.0) == 1000  # never fewer than 10 warm-ups
+    cfg = train.TrainConfig()
+    # 400 steps took 800 s: 2 s a step, so a 3,000 s budget holds 1,500
+    assert train.resized_total(400, 800.0, 3000.0, cfg) == 1500
+    # a budget already spent still keeps a full warm-up and the decay ahead of the steps taken
+    spent = train.resized_total(400, 800.0, 800.0, cfg)
+    assert 400 < train.decay_start(spent, cfg) <= 410
+    assert train.resized_total(60, 800.0, 800.0, cfg) == 5 * cfg.warmup_steps
+
+
+def test_minutes_run_resizes_and_reproduces_by_steps(tmp_path):
+    cfg = dataclasses.replace(train.TrainConfig.micro(), draft_steps=3, target_steps=1)
+    data = train.build_data(cfg)
+    _, timed = train.train_target(cfg, data, budget_s=2.0)
+    _, fixed = train.train_target(dataclasses.replace(cfg, target_steps=len(timed)), data)
+    assert len(timed) >= 5 * cfg.warmup_steps and fixed == timed
 
 
 def test_micro_training_loss_falls(tmp_path):

@@ -9,11 +9,16 @@ tokens on an idle machine with 2 threads; on a machine shared with other jobs on
 (two threads spin at each barrier while the other is descheduled). On one thread a target step of
 8 x 512 tokens takes ~2.5 s (~1,700 tokens/s); the shipped pair's steps, seconds and epochs are in
 MODEL_CARD.md. Training windows follow a copying curriculum (see TrainConfig and `curriculum_batches`).
-The schedule is AdamW with a linear warm-up and a cosine decay to 10 %, the usual recipe for small
-models at a high learning rate.
+The schedule is AdamW at a high learning rate with warm-up-stable-decay (WSD): a linear warm-up, a
+constant LR, and a cosine decay to 10 % over the last fifth of the steps. A constant middle lets a
+--minutes run re-size its total from the speed it really gets on a shared machine (every 50 steps,
+until the decay starts) without changing the LR of any step already taken, so the fixed-step
+command `--target-steps N` reproduces it bit for bit.
 
 References:
-- nanoGPT train.py (warm-up + cosine schedule, AdamW, gradient clipping): https://github.com/karpathy/nanoGPT
+- nanoGPT train.py (warm-up, AdamW, gradient clipping): https://github.com/karpathy/nanoGPT
+- Hägele et al. 2024, Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations (WSD
+  matches cosine): https://arxiv.org/abs/2405.18392
 - Hinton et al. 2015, Distilling the Knowledge in a Neural Network: https://arxiv.org/abs/1503.02531
 - Leviathan et al. 2023, Fast Inference from Transformers via Speculative Decoding (why agreement
   matters): https://arxiv.org/abs/2211.17192
@@ -98,11 +103,13 @@ class TrainConfig:
     repeat_max: int = 128
     target_lr: float = 3e-3  # tiny models tolerate (and need) a high LR with warm-up
     draft_lr: float = 3e-3
-    # A fixed count of linear warm-up steps keeps the first high-LR steps stable, and the LR before
-    # the end of warm-up never depends on the total: a --minutes run re-sizes its total there (from
-    # the seconds its warm-up steps really took), so --target-steps N reproduces it bit for bit.
-    warmup_steps: int = 100
-    min_lr_frac: float = 0.1  # cosine decays to 10 % of peak, not to zero (nanoGPT)
+    # WSD: warmup_steps of linear warm-up keep the first high-LR steps stable (a fixed count, so the
+    # LR before the decay never depends on the total), then the peak, then a cosine decay over the
+    # last decay_frac of the steps to min_lr_frac of the peak (not to zero, as nanoGPT).
+    warmup_steps: int = 50
+    decay_frac: float = 0.2
+    min_lr_frac: float = 0.1
+    resize_every: int = 50  # a --minutes run re-sizes its total every this many steps until the decay
     weight_decay: float = 0.1  # AdamW default for GPT-style training
     grad_clip: float = 1.0  # guards the high-LR start
     distill_temperature: float = 1.0  # T = 1: match the target's distribution as is; argmax is what counts
@@ -118,7 +125,8 @@ class TrainConfig:
         """Seconds on 2 cores: what the tests run (topics only, toy shapes, a few steps)."""
         tiny = Arch(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=1)
         return cls(target=tiny, draft=tiny, vocab_size=512, corpus="topics", seq_len=32, batch_size=8,
-                   repeat_min=4, repeat_max=12, target_steps=30, draft_steps=10, eval_tokens=2048, warmup_steps=3)
+                   repeat_min=4, repeat_max=12, target_steps=30, draft_steps=10, eval_tokens=2048, warmup_steps=3,
+                   resize_every=5)
 
 
 @dataclass
@@ -151,12 +159,22 @@ def build_data(cfg: TrainConfig) -> Data:
                 len(corpus.train_text().encode()), len(corpus.heldout_text().encode()))
 
 
+def warmup_of(total: int, cfg: TrainConfig) -> int:
+    return max(1, min(cfg.warmup_steps, total // 5))  # a run of at least 5 warm-ups has the full one
+
+
+def decay_start(total: int, cfg: TrainConfig) -> int:
+    return total - max(1, int(cfg.decay_frac * total))
+
+
 def lr_at(step: int, total: int, peak: float, cfg: TrainConfig) -> float:
-    """Linear warm-up (warmup_steps, at most a tenth of a short run), then cosine decay to min_lr_frac * peak."""
-    warm = max(1, min(cfg.warmup_steps, total // 10))
+    """WSD: linear warm-up, the peak, then cosine decay to min_lr_frac * peak over the last decay_frac."""
+    warm, start = warmup_of(total, cfg), decay_start(total, cfg)
     if step < warm:
         return peak * (step + 1) / warm
-    progress = min(1.0, (step - warm) / max(1, total - warm))
+    if step < start:
+        return peak
+    progress = min(1.0, (step - start) / max(1, total - start))
     return peak * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -242,26 +260,29 @@ def _kl_step(draft, target, batch, temperature: float):
     return kl * temperature**2
 
 
-def resized_total(total: int, warm: int, seconds: float, budget_s: float) -> int:
-    """Steps that fit budget_s, given that the first warm steps took seconds (at least 10 warm-ups'
-    worth, so lr_at keeps the same warm-up)."""
-    return max(10 * warm, warm + int((budget_s - seconds) * warm / seconds))
+def resized_total(done: int, seconds: float, budget_s: float, cfg: TrainConfig) -> int:
+    """The total that fits budget_s at the pace so far (done steps in seconds), kept long enough that
+    the LR of every step taken stays what it was: a full warm-up, and the decay still ahead."""
+    fits = int(budget_s * done / seconds)
+    keep = max(5 * cfg.warmup_steps, math.ceil((done + 1) / (1 - cfg.decay_frac)) + 1)
+    return max(fits, keep)
 
 
 def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, phase: str, on_step: OnStep | None,
          budget_s: float | None = None):
-    """Train for total steps; with budget_s, total is re-sized at the end of warm-up from the time it took."""
+    """Train for total steps; with budget_s, total is re-sized from the pace so far every resize_every
+    steps after the warm-up, until the decay starts."""
     import torch
 
     opt = _optimizer(model, lr, cfg)
     model.train()
     losses = []
-    warm = max(1, min(cfg.warmup_steps, total // 10))
     t0 = time.perf_counter()
     step = 0
     while step < total:
-        if budget_s is not None and step == warm == cfg.warmup_steps:  # a short run keeps its steps
-            total = resized_total(total, warm, time.perf_counter() - t0, budget_s)
+        resize = step >= cfg.warmup_steps and step % cfg.resize_every == 0 and step < decay_start(total, cfg)
+        if budget_s is not None and resize:
+            total = resized_total(step, time.perf_counter() - t0, budget_s, cfg)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total, lr, cfg)
         loss = step_fn(next(data_iter))
