@@ -56,7 +56,8 @@ class QuickRun:
 # the module of each lab's own end-to-end test (tests/test_render.py passes the lab as its `lab` parameter)
 _QUICK_USERS = {"test_gpu_parallelism": "gpu-parallelism", "test_kvcache_growth": "kvcache-growth",
                 "test_prefill_decode": "prefill-decode", "test_roofline": "roofline", "test_samplers": "samplers",
-                "test_speculative_lab": "speculative", "test_ttft_breakdown": "ttft-breakdown"}
+                "test_speculative_lab": "speculative", "test_ttft_breakdown": "ttft-breakdown",
+                "test_tokens": "tokens"}
 
 
 class _QuickRuns:
