@@ -10,7 +10,7 @@ TORCH_CPU ?= torch==2.13.0
 # pyproject.toml's torch>= and llmlab.core.gpucheck.TORCH_FLOOR.
 TORCH_FLOOR := 2.9
 TORCH_BELOW_FLOOR := tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]) < tuple(int(x) for x in '$(TORCH_FLOOR)'.split('.'))
-LABS    := train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
+LABS    := tokens train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: demo install test lint all-labs reference browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine clean $(addprefix lab-,$(LABS))

@@ -37,7 +37,7 @@ import pandas as pd
 from llmlab.core.results import LabResult
 
 # The labs in the order of the articles (a lab not listed here follows, alphabetically).
-ORDER = ("train-vs-infer", "five-steps", "prefill-decode", "gpu-parallelism", "roofline", "kvcache-growth", "samplers",
+ORDER = ("tokens", "train-vs-infer", "five-steps", "prefill-decode", "gpu-parallelism", "roofline", "kvcache-growth", "samplers",
          "ttft-breakdown", "speculative", "serving")
 RAW_MAX_ROWS = 12  # a raw table (lab without views) is cut here: the CSV keeps every row
 MAX_OLDER = 6  # older runs of one machine rendered in full; beyond that only listed
