@@ -462,6 +462,7 @@ def test_graph_replay_captures_the_calls_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda s: ctx("side"))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", lambda g: ctx("capture"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     replay = timing.graph_replay(lambda: log.append("call"), Device("cuda:0"), calls=4)
     assert log == ["wait", "enter side", "call", "call", "call", "exit side", "wait", "enter capture"] + ["call"] * 4 + ["exit capture"]
     replay()
@@ -511,3 +512,14 @@ def test_fp32_peak_expected_text_names_the_clock():
                                  spec_source="2 cores x 3.50 GHz (max boost clock (cpufreq cpuinfo_max_freq)) x 64 FP32 FLOP/cycle (AVX-512)")])
     c = R._peak_claim(roofs_t, "fp32")
     assert c.expected == ">= 70% of 448 GFLOP/s (at 3.50 GHz, max boost clock)" and c.holds is False
+
+
+def test_each_expected_text_states_the_test_its_verdict_applies():
+    """Re-judged from the committed reference run: every claim's expected column names its bar."""
+    from pathlib import Path
+
+    saved = sorted(Path(__file__).resolve().parents[1].glob("results/reference/roofline/*.json"))
+    if not saved:
+        pytest.skip("no reference run of roofline")
+    for c in R.judge(LabResult.from_json(saved[-1].read_text())):
+        assert any(w in c.expected for w in (">=", "<=", "< ", "> ", "within", "never")), c

@@ -173,17 +173,18 @@ def graph_replay(fn: Callable[[], object], device: Device, calls: int) -> Callab
     """
     import torch
 
-    side = torch.cuda.Stream(device.torch)
-    main = torch.cuda.current_stream(device.torch)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    main.wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    with device.activate():  # torch.cuda.graph captures on the current device
+        side = torch.cuda.Stream(device.torch)
+        main = torch.cuda.current_stream(device.torch)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        main.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
     return graph.replay
 
 
