@@ -331,11 +331,15 @@ app.add_typer(tiny_app, name="tiny", rich_help_panel=TOOLS)
 
 
 def _tiny_summary(metrics: dict) -> None:
+    from llmlab.tiny.evaluate import goal_rows
+
     a = metrics["agreement"]["agreement"]
     out.print(f"held-out loss: tiny {metrics['loss_target']:.3f}, tiny-draft {metrics['loss_draft']:.3f}, "
               f"unigram {metrics['loss_unigram']:.3f} nats/token (perplexity {metrics['ppl_target']:.1f} / "
               f"{metrics['ppl_draft']:.1f} / {metrics['ppl_unigram']:.1f})")
     out.print(f"greedy agreement: {a:.3f} over {metrics['agreement']['positions']} positions")
+    for r in goal_rows(metrics):
+        out.print(f"goal {r['metric']}: {r['value']:.3f} ({r['goal']}) {'held' if r['held'] else 'MISSED'}", highlight=False)
     if "c_ratio" in metrics:
         out.print(f"decode: tiny {metrics['decode_target']['median_ms']:.2f} ms/token, tiny-draft "
                   f"{metrics['decode_draft']['median_ms']:.2f} ms/token, c = {metrics['c_ratio']:.3f}, "
@@ -387,11 +391,13 @@ def tiny_eval(
     json_: JsonOpt = False,
     no_timing: Annotated[bool, typer.Option("--no-timing", help="Skip the decode ms/token measurement.")] = False,
     threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads (default: torch's).", show_default=False)] = None,
+    write_card: Annotated[bool, typer.Option("--write-card", help="Rewrite the folder's metrics.json and MODEL_CARD.md with these numbers (keeps its training report).")] = False,
 ) -> None:
-    """Re-measure a pair: held-out loss, unigram baseline, greedy agreement, decode ms/token."""
+    """Re-measure a pair against its goals: copying (held-out and random passages read twice), held-out loss, draft gap, greedy agreement, decode cost ratio c, greedy loops, size, load time."""
     import torch
 
-    from llmlab.tiny.card import WEIGHTS, measure
+    from llmlab.core.results import command_line
+    from llmlab.tiny.card import WEIGHTS, measure, remeasure
 
     if threads:
         torch.set_num_threads(threads)
@@ -399,7 +405,7 @@ def tiny_eval(
     folder = weights or WEIGHTS
     if not (folder / "tiny" / "config.json").is_file() or not (folder / "tiny-draft" / "config.json").is_file():
         raise UsageError(f"'{folder}' has no tiny/ and tiny-draft/ model folders")
-    metrics = measure(folder, timing=not no_timing)
+    metrics = remeasure(folder, command_line()) if write_card else measure(folder, timing=not no_timing)
     if json_:
         sys.stdout.write(json.dumps(metrics, indent=2) + "\n")
     else:

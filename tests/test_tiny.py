@@ -189,3 +189,39 @@ def test_generate_samples_by_default_and_greedy_at_temperature_0():
     assert "temperature 0.8, top-p 0.95" in r.stderr
     r = _cli("generate", "-n", "16", "--device", "cpu", "--temperature", "0", "The list method")
     assert "greedy" in r.stderr and r.stdout == "The list method" + greedy + "\n"
+
+
+def test_loop_period_finds_short_loops_only():
+    assert evaluate.loop_period([5, 6, 7] * 8) == 3
+    assert evaluate.loop_period([9] * 16) == 1 and evaluate.loop_period([9] * 15) is None  # 16 tokens make a loop
+    assert evaluate.loop_period(list(range(64))) is None
+    assert evaluate.loop_period(list(range(9)) * 7) is None  # period 9: past the check's 8
+    assert evaluate.loop_period([1, 2, 3, 4, 5, 6, 7, 8] * 2 + list(range(10, 58))) is None  # two readings are not a loop
+
+
+class _Copier:
+    """A stand-in model that predicts the token one passage-length back (a perfect induction head),
+    and token 0 where it has not read that far."""
+
+    def __init__(self, n: int, vocab: int):
+        self.n, self.vocab = n, vocab
+
+    def __call__(self, input_ids):
+        import torch
+
+        back = torch.zeros_like(input_ids)
+        back[:, self.n - 1:] = input_ids[:, : input_ids.shape[1] - self.n + 1]
+        return type("Out", (), {"logits": torch.nn.functional.one_hot(back, self.vocab).float()})()
+
+
+def test_repeat_accuracy_scores_the_second_reading():
+    passages = evaluate.random_passages(512, n=4, length=64)
+    assert int(passages.min()) >= 1  # never end-of-text
+    r = evaluate.repeat_accuracy(_Copier(64, 512), passages)
+    assert r["second_read"] == 1.0 and r["first_read"] < 0.05 and r["tokens"] == 64
+
+
+def test_goal_rows_judge_nested_metrics():
+    rows = {r["metric"]: r for r in evaluate.goal_rows({"loss_target": 4.9, "agreement": {"agreement": 0.8}})}
+    assert rows["loss_target"]["held"] is False and rows["agreement.agreement"]["held"] is True
+    assert set(rows) == {"loss_target", "agreement.agreement"}  # goals not measured are left out

@@ -8,11 +8,16 @@
   while they agree, this is the per-token acceptance rate alpha of greedy speculative decoding.
 - Decode ms/token: HF `generate` (greedy, batch 1, KV cache), (median t(n + 1 new) - median t(1 new)) / n,
   so the prefill is not counted; repeats after a warm-up, target and draft alternating.
+- Copying: greedy next-token accuracy on a 64-token passage read twice in a row, on the second
+  reading: held-out passages, and random token ids (the induction-head test of Olsson et al.).
+- Loops: whether greedy text on stated prompts falls into a loop of period <= 8 tokens within 64.
 
 References:
 - Leviathan et al. 2023, speculative decoding, expected tokens per step (1 - a^(k+1)) / (1 - a):
   https://arxiv.org/abs/2211.17192
 - https://huggingface.co/docs/transformers/main_classes/text_generation
+- Olsson et al. 2022, In-context Learning and Induction Heads (repeated random tokens):
+  https://transformer-circuits.pub/2022/in-context-learning-and-induction-heads/index.html
 """
 
 from __future__ import annotations
@@ -153,6 +158,78 @@ def expected_speedup(alpha: float, c: float, k: int = 4) -> float:
 
 
 SAMPLE_PROMPTS = ("The for statement", "def __init__(self", "Return the number of", "import os\n")
+LOOP_PROMPTS = ("The list method", *SAMPLE_PROMPTS)  # the first is what a newcomer runs first
+COPY_TOKENS = 64  # passage length of the copying tests
+
+# The pair's goals: metric (a dotted path into the metrics dict) -> (direction, bound).
+GOALS = {
+    "copy_heldout": (">=", 0.80),  # second reading of a held-out passage
+    "copy_random": (">=", 0.80),  # second reading of random ids
+    "loss_target": ("<=", 4.8),
+    "draft_gap": ("<=", 0.15),  # loss_draft - loss_target
+    "agreement.agreement": (">=", 0.75),  # greedy agreement of the pair
+    "c_ratio": ("<=", 0.25),
+    "loops": ("<=", 0),  # prompts of LOOP_PROMPTS whose greedy text loops
+    "size_mb": ("<=", 40.0),  # both folders on disk
+    "load_seconds": ("<", 3.0),  # both models and the tokenizer from disk
+}
+
+
+def repeat_accuracy(model, passages) -> dict:
+    """Greedy next-token accuracy on passages (B, n), each read twice in a row: on the first and the
+    second reading. The position that predicts the repeat's first token has no cue yet: left out."""
+    import torch
+
+    n = passages.shape[1]
+    x = torch.cat([passages, passages], dim=1)  # (B, 2n)
+    with torch.no_grad():
+        hit = (model(input_ids=x).logits[:, :-1].argmax(-1) == x[:, 1:]).float()  # hit[:, i]: i predicts x[:, i + 1]
+    return {"passages": passages.shape[0], "tokens": n, "first_read": hit[:, : n - 1].mean().item(),
+            "second_read": hit[:, n:].mean().item()}
+
+
+def random_passages(vocab_size: int, n: int = 16, length: int = COPY_TOKENS, seed: int = 0):
+    """n sequences of random ids 1..vocab_size - 1 (never end-of-text): (n, length)."""
+    import torch
+
+    return torch.randint(1, vocab_size, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def loop_period(tokens: list[int], max_period: int = 8, min_span: int = 16) -> int | None:
+    """The smallest period p <= max_period such that some stretch of max(min_span, 3 p) tokens repeats
+    with period p (x[i] == x[i - p] all along it), else None."""
+    for p in range(1, max_period + 1):
+        need, run = max(min_span, 3 * p), 0
+        for i in range(p, len(tokens)):
+            run = run + 1 if tokens[i] == tokens[i - p] else 0
+            if run + p >= need:
+                return p
+    return None
+
+
+def loop_check(model, tokenizer, prompts=LOOP_PROMPTS, new_tokens: int = 64) -> list[dict]:
+    """Greedy new_tokens on each prompt: the loop period found (None: no loop) and the text."""
+    import torch
+
+    rows = []
+    for text in prompts:
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+        new = greedy_continue(model, ids, new_tokens)[0, ids.shape[1]:].tolist()
+        rows.append({"prompt": text, "period": loop_period(new), "text": tokenizer.decode(new)})
+    return rows
+
+
+def goal_rows(m: dict) -> list[dict]:
+    """One row per goal of GOALS that m measured: the value, the bound and whether it holds."""
+    ops = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "<": lambda a, b: a < b}
+    rows = []
+    for key, (op, bound) in GOALS.items():
+        value = m
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            rows.append({"metric": key, "value": value, "goal": f"{op} {bound}", "held": ops[op](value, bound)})
+    return rows
 
 
 def evaluate_pair(target, draft, tokenizer, train_ids, heldout_ids, eval_tokens: int = 32_768,
@@ -171,6 +248,15 @@ def evaluate_pair(target, draft, tokenizer, train_ids, heldout_ids, eval_tokens:
     m["eval_tokens"] = min(len(heldout_ids) - 1, eval_tokens) // 256 * 256
     prompts = heldout_prompts(heldout_ids, n=agreement_prompts, eot_id=eot)
     m["agreement"] = greedy_agreement(target, draft, prompts)
+    m["draft_gap"] = m["loss_draft"] - m["loss_target"]
+    m["copy"] = {name: repeat_accuracy(model, heldout_prompts(heldout_ids, n=16, prompt_len=COPY_TOKENS, eot_id=eot))
+                 for name, model in (("target", target), ("draft", draft))}
+    m["copy_random_detail"] = {name: repeat_accuracy(model, random_passages(vocab))
+                               for name, model in (("target", target), ("draft", draft))}
+    m["copy_heldout"] = m["copy"]["target"]["second_read"]
+    m["copy_random"] = m["copy_random_detail"]["target"]["second_read"]
+    m["loop_check"] = loop_check(target, tokenizer)
+    m["loops"] = sum(r["period"] is not None for r in m["loop_check"])
     m["params_target"] = sum(p.numel() for p in target.parameters())
     m["params_draft"] = sum(p.numel() for p in draft.parameters())
     if timing:
