@@ -5,7 +5,10 @@
   row-split; gate/up column-split, down row-split: one all-reduce after attention, one after the
   MLP (Shoeybi et al., "Megatron-LM", 2019, section 3). Embeddings, final norm and LM head are
   replicated on every rank (simple, costs memory, no communication). HF's own rotary embedding and
-  RMSNorm modules are reused; the KV cache is a list of (K, V) tensors per layer.
+  RMSNorm modules are reused; the KV cache is a list of (K, V) tensors per layer. On CUDA the device
+  is synchronized around every all-reduce at every TP degree (TP = 1 too), so a speed-up compares
+  like with like; `align = True` puts a barrier before each all-reduce and times it apart (`wait_s`):
+  the wait for the slower rank, which a step's all-reduce time otherwise includes.
 - `time_collective`: all-reduce / all-gather / reduce-scatter timed as nccl-tests does, with its
   algbw and busbw (NVIDIA/nccl-tests doc/PERFORMANCE.md: algbw = S / t; busbw = algbw x 2(n-1)/n
   for all-reduce, x (n-1)/n for all-gather and reduce-scatter, S the whole array's bytes).
@@ -13,7 +16,9 @@
   a free port), gathers rank 0's result through a queue, and watches every rank against a deadline:
   a rank that dies or hangs is named in a MeasurementError (exit 3), and every rank is terminated
   and reaped before it returns (no orphans). Under an outside `torchrun` the ranks already exist:
-  `in_torchrun()` tells, and the caller runs the worker in-process.
+  `in_torchrun()` tells, and the caller runs the worker in-process. `layout()` reads a rank's place
+  (rank, local rank, ranks per node, nodes) and `scope_groups` makes the intra-node and inter-node
+  subgroups a sweep across nodes times apart.
 """
 
 from __future__ import annotations
@@ -94,18 +99,29 @@ class ShardedLlama:
         self.embed, self.norm, self.lm_head = model.model.embed_tokens, model.model.norm, model.lm_head  # replicated
         self.rotary = model.model.rotary_emb
         self.comm_s = 0.0  # seconds spent inside all-reduce since the last reset
+        self.wait_s = 0.0  # seconds spent in the barrier before each all-reduce (align=True): the wait for the slowest rank
         self.comm_calls = 0
+        self.align = False  # True: a barrier before each all-reduce, so comm_s is the all-reduce alone
         self.sync = model.device.type == "cuda"
 
     def _all_reduce(self, x: torch.Tensor) -> None:
+        """The all-reduce of a partial sum, timed. The device is synchronized around it at every TP degree,
+        TP = 1 included (where there is nothing to reduce): both sides of the speed-up pay the same syncs."""
         import torch
         import torch.distributed as dist
 
-        if self.world == 1:
-            return
         if self.sync:
             torch.cuda.synchronize()
+        if self.world == 1:
+            if self.sync:
+                torch.cuda.synchronize()
+            return
         t0 = time.perf_counter()
+        if self.align:
+            dist.barrier(group=self.group)
+            t1 = time.perf_counter()
+            self.wait_s += t1 - t0
+            t0 = t1
         dist.all_reduce(x, group=self.group)
         if self.sync:
             torch.cuda.synchronize()
@@ -152,7 +168,7 @@ class ShardedLlama:
 # ---------------------------------------------------------------- collectives
 
 
-def time_collective(op: str, size_bytes: int, device, warmup: int, iters: int, dtype=None) -> float:
+def time_collective(op: str, size_bytes: int, device, warmup: int, iters: int, dtype=None, group=None) -> float:
     """Mean seconds of one `op` on an array of size_bytes (S, nccl-tests' size), the slowest rank's mean.
 
     nccl-tests times `iters` back-to-back operations after `warmup` and reports their mean; here each
@@ -162,30 +178,60 @@ def time_collective(op: str, size_bytes: int, device, warmup: int, iters: int, d
     import torch.distributed as dist
 
     dtype = dtype or torch.float32
-    n, elem = dist.get_world_size(), torch.empty((), dtype=dtype).element_size()
+    n, elem = dist.get_world_size(group), torch.empty((), dtype=dtype).element_size()
     count = max(n, size_bytes // elem // n * n)  # whole elements, divisible by n
     buf = torch.ones(count, dtype=dtype, device=device)  # (count,)
     part = torch.empty(count // n, dtype=dtype, device=device)  # (count / n,)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the new name where torch has it
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     if op == "all_reduce":
-        fn = lambda: dist.all_reduce(buf)  # noqa: E731
+        fn = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
     elif op == "all_gather":
-        fn = lambda: gather(buf, part)  # noqa: E731  (S = the gathered output)
+        fn = lambda: gather(buf, part, group=group)  # noqa: E731  (S = the gathered output)
     else:
-        fn = lambda: scatter(part, buf)  # noqa: E731  (S = the whole input)
+        fn = lambda: scatter(part, buf, group=group)  # noqa: E731  (S = the whole input)
     sync = torch.cuda.synchronize if buf.is_cuda else (lambda: None)
     for _ in range(warmup):
         fn()
     sync()
-    dist.barrier()
+    dist.barrier(group=group)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
     sync()
     t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())
+
+
+# ---------------------------------------------------------------- ranks over nodes
+
+
+def layout() -> dict:
+    """This process's place: rank, world, local rank and local world (torchrun's env; a spawned rank sets the same), nodes."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return dict(rank=int(os.environ.get("RANK", 0)), world=world, local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                local_world=local_world, nodes=max(1, world // max(1, local_world)))
+
+
+def scope_groups(world: int, local_world: int) -> dict:
+    """{scope: this rank's process group} for the collective sweep: "world" (None: every rank); across nodes also
+    "intra-node" (the ranks of one node: NVLink/PCIe) and "inter-node" (one rank per node, same local rank: the network).
+
+    Every rank creates every subgroup (torch.distributed's rule), in the same order."""
+    import torch.distributed as dist
+
+    groups = {"world": None}
+    if world == local_world:
+        return groups
+    nodes = world // local_world
+    if local_world > 1:
+        groups["intra-node"] = dist.new_subgroups_by_enumeration(
+            [list(range(n * local_world, (n + 1) * local_world)) for n in range(nodes)])[0]
+    groups["inter-node"] = dist.new_subgroups_by_enumeration(
+        [list(range(lr, world, local_world)) for lr in range(local_world)])[0]
+    return groups
 
 
 # ---------------------------------------------------------------- launching ranks
@@ -210,7 +256,7 @@ def stage(name: str) -> None:
 
 def _rank_main(rank: int, world: int, port: int, worker: Callable, args: tuple, q) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     _STAGES.update(q=q, rank=rank)
     try:
         out = worker(rank, world, *args)
