@@ -128,8 +128,10 @@ def test_neighbours_by_id_and_by_cosine():
     assert L.id_neighbours(11, pool, 2) == [10, 13]
     emb = torch.randn(30, 8, generator=torch.Generator().manual_seed(0))
     emb[20] = 3 * emb[3] + 0.01  # same direction: cosine ~ 1
-    assert L.cosine_neighbours(emb, 3, torch.as_tensor(pool), 1) == [20]
-    assert 3 not in L.cosine_neighbours(emb, 3, torch.as_tensor(pool), 4)
+    units = L.unit_rows(emb, torch.as_tensor(pool))
+    assert units.norm(dim=1).sub(1).abs().max() < 1e-6
+    assert L.cosine_neighbours(units, torch.as_tensor(pool), 3, 1) == [20]
+    assert 3 not in L.cosine_neighbours(units, torch.as_tensor(pool), 3, 4)
 
 
 def _neighbours(cos_related: float, id_related: float, probes: int = 40, k: int = 5, seed: int = 0) -> pd.DataFrame:

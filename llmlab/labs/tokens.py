@@ -218,12 +218,16 @@ def word_tokens(tok, vocab_size: int) -> dict[int, str]:
     return out
 
 
-def cosine_neighbours(emb: torch.Tensor, probe: int, pool: torch.Tensor, k: int) -> list[int]:
+def unit_rows(emb: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """The pool's embedding rows scaled to length 1 (P, d): a dot product of two is their cosine."""
+    return torch.nn.functional.normalize(emb[pool].float(), dim=1)
+
+
+def cosine_neighbours(units: torch.Tensor, pool: torch.Tensor, probe: int, k: int) -> list[int]:
     """The k ids of `pool` whose rows are nearest to the probe's row by cosine (the probe itself left out)."""
-    e = torch.nn.functional.normalize(emb[pool].float(), dim=1)  # (P, d)
-    q = torch.nn.functional.normalize(emb[probe].float(), dim=0)  # (d,)
-    sims = e @ q  # (P,)
-    sims[pool == probe] = -2.0
+    at = pool == probe
+    sims = units @ units[at.nonzero()[0, 0]]  # (P,)
+    sims[at] = -2.0
     return pool[sims.topk(k).indices].tolist()
 
 
@@ -293,10 +297,11 @@ def neighbour_rows(emb: torch.Tensor, tok, label: str, ids: np.ndarray, cfg: Con
     probes = [t for _, t in counts[:cfg.probes]]
     pool = np.asarray(sorted(words), dtype=np.int64)
     pool_t = torch.as_tensor(pool)
+    units = unit_rows(emb, pool_t)  # (P, d), once: a large vocabulary's rows are normalised a single time
     rows = []
     for p in track(progress, probes, f"embeddings: neighbours ({label})"):
         near = co.near(p)
-        for kind, found in (("cosine", cosine_neighbours(emb, p, pool_t, cfg.k)), ("id", id_neighbours(p, pool, cfg.k))):
+        for kind, found in (("cosine", cosine_neighbours(units, pool_t, p, cfg.k)), ("id", id_neighbours(p, pool, cfg.k))):
             for rank, b in enumerate(found, 1):
                 obs, exp = co.observed_expected(near, b)
                 variant = same_word(words[p], words[b])
