@@ -27,6 +27,16 @@ from llmlab.core.device import Device
     ("Tesla T4", "T4"),
     ("NVIDIA GeForce RTX 4090", "RTX 4090"),
     ("NVIDIA GeForce RTX 3090", "RTX 3090"),
+    ("NVIDIA GeForce RTX 4080", "RTX 4080"),
+    ("NVIDIA GeForce RTX 4070", "RTX 4070"),
+    ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+    ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+    ("NVIDIA RTX A6000", "RTX A6000"),
+    ("NVIDIA A40", "A40"),
+    ("NVIDIA A30", "A30"),  # not the A10 / A100 rows
+    ("NVIDIA H800", "H800 SXM"),  # not the H100 rows, whose bandwidth differs for the PCIe card
+    ("NVIDIA H800 PCIe", "H800 PCIe"),
+    ("NVIDIA B200", "B200"),
 ])
 def test_spec_name_matches_its_own_row(name, row):
     assert specs.gpu_spec(name).name == row
@@ -36,11 +46,35 @@ def test_spec_name_matches_its_own_row(name, row):
     "NVIDIA A10G",  # not an A10: a different board, not in the table
     "NVIDIA GeForce RTX 3090 Ti",
     "NVIDIA GeForce RTX 4090 Laptop GPU",
+    "NVIDIA GeForce RTX 4080 SUPER",  # a different board (more SMs): not the 4080's row
+    "NVIDIA GeForce RTX 4070 Ti",
+    "NVIDIA GeForce RTX 4070 Laptop GPU",
+    "Quadro RTX 6000",  # Turing, not the RTX 6000 Ada
+    "NVIDIA RTX A4000",  # not the A40
+    "NVIDIA GB200",  # the Grace-Blackwell superchip, not the B200 board
     "Some Unknown GPU",
 ])
 def test_spec_name_not_in_table_is_unknown(name):
     spec, how = specs.gpu_spec_match(name)
     assert spec is None and how.startswith("unknown") and "not in the spec table" in how
+
+
+def test_every_row_is_found_by_its_own_name():
+    # each row's name, as torch prints it ("NVIDIA " + the board), finds that row and not an earlier one
+    for _, spec in specs.GPU_SPECS:
+        board = spec.name.replace(" SXM", "").replace("GH200 96GB HBM3", "GH200").replace("GH200 144GB HBM3e", "GH200 144G")
+        board = board.replace("A100 40GB", "A100-PCIE-40GB")
+        assert specs.gpu_spec(f"NVIDIA {board}").name == spec.name, spec.name
+
+
+def test_new_rows_hold_their_datasheet_figures():
+    b200, h800, a30 = specs.gpu_spec("NVIDIA B200"), specs.gpu_spec("NVIDIA H800"), specs.gpu_spec("NVIDIA A30")
+    assert (b200.bf16_tflops, b200.bandwidth_GBps) == (2250.0, 8000)  # HGX B200: 4.5 PFLOPS sparse BF16 per GPU
+    assert (h800.bf16_tflops, h800.bandwidth_GBps) == (989.4, 3350)  # H100 SXM's compute at 3.35 TB/s
+    assert (a30.bf16_tflops, a30.fp32_tflops, a30.bandwidth_GBps) == (165.0, 10.3, 933)
+    for name in ("NVIDIA GeForce RTX 4080", "NVIDIA GeForce RTX 4070", "NVIDIA GeForce RTX 5090"):
+        g = specs.gpu_spec(name)  # GeForce: FP32-accumulate tensor rate = 2 x TF32 = 2 x FP32 (CUDA cores)
+        assert g.bf16_tflops == pytest.approx(2 * g.tf32_tflops, rel=0.01) and "GeForce" in g.note
 
 
 def test_spec_nvl_boards_get_their_own_figures():

@@ -37,8 +37,9 @@ class GpuSpec:
 # Matched against torch.cuda.get_device_name() as case-insensitive regular expressions on word
 # boundaries, first match wins, so the more specific rows come first: "L40" is not "L4", "GH200" is
 # not "H200", "A100" is not "A10", and the NVL boards (PCIe cards, lower clocks) are not SXM.
-# Sources: NVIDIA datasheets (H100 / H100 NVL, H200 / H200 NVL, GH200, A100, L40, L40S, L4, A10, T4),
-# Ada and Ampere GeForce whitepapers. Datasheets print sparse tensor figures: these are half of them.
+# Sources: NVIDIA datasheets (H100 / H100 NVL, H200 / H200 NVL, GH200, A100, L40, L40S, L4, A10, T4; the rows
+# added later cite theirs beside them), Ada and Ampere GeForce whitepapers. Datasheets print sparse tensor
+# figures: these are half of them.
 GPU_SPECS: list[tuple[str, GpuSpec]] = [
     (r"\bGH200\b.*\b144\s*G", GpuSpec("GH200 144GB HBM3e", 989.4, 989.4, 494.7, 66.9, 4900)),
     (r"\bGH200\b", GpuSpec("GH200 96GB HBM3", 989.4, 989.4, 494.7, 66.9, 4000)),
@@ -57,6 +58,27 @@ GPU_SPECS: list[tuple[str, GpuSpec]] = [
     (r"\bT4\b", GpuSpec("T4", None, 65.0, None, 8.1, 320, "Turing: no BF16 or TF32 tensor cores")),
     (r"\bRTX 4090\b(?!.*\b(?:Laptop|D)\b)", GpuSpec("RTX 4090", 165.2, 165.2, 82.6, 82.6, 1008, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (330)")),
     (r"\bRTX 3090\b(?!\s*Ti\b)", GpuSpec("RTX 3090", 71.0, 71.0, 35.6, 35.6, 936, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (142)")),
+    # NVIDIA Ada GPU architecture whitepaper (v2.1), appendix tables: RTX 4080 (76 SMs, 2505 MHz boost,
+    # 22.4 Gbps x 256-bit GDDR6X), RTX 4070 (46 SMs, 2475 MHz, 21 Gbps x 192-bit), RTX 6000 Ada (142 SMs,
+    # 2505 MHz, 20 Gbps x 384-bit GDDR6; a workstation card: full-rate FP32 accumulate).
+    (r"\bRTX 4080\b(?!.*\b(?:SUPER|Laptop)\b)", GpuSpec("RTX 4080", 97.5, 97.5, 48.7, 48.7, 716.8, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (195)")),
+    (r"\bRTX 4070\b(?!.*\b(?:Ti|SUPER|Laptop)\b)", GpuSpec("RTX 4070", 58.3, 58.3, 29.1, 29.1, 504, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (117)")),
+    (r"\bRTX 6000 Ada\b", GpuSpec("RTX 6000 Ada", 364.2, 364.2, 182.1, 91.1, 960)),
+    # NVIDIA RTX Blackwell GPU architecture whitepaper: RTX 5090 (170 SMs, 2407 MHz boost, 28 Gbps x 512-bit GDDR7).
+    (r"\bRTX 5090\b(?!.*\b(?:Laptop|D)\b)", GpuSpec("RTX 5090", 209.5, 209.5, 104.8, 104.8, 1792, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (419)")),
+    # NVIDIA RTX A6000 datasheet (309.7 sparse FP16 tensor TFLOPS, 38.7 FP32, 768 GB/s) and the Ampere GA102 whitepaper.
+    (r"\bRTX A6000\b", GpuSpec("RTX A6000", 154.8, 154.8, 77.4, 38.7, 768)),
+    # NVIDIA A40 datasheet: FP32 37.4, TF32 74.8, BF16 / FP16 149.7 TFLOPS dense, 696 GB/s.
+    (r"\bA40\b", GpuSpec("A40", 149.7, 149.7, 74.8, 37.4, 696)),
+    # NVIDIA A30 datasheet: FP32 10.3, TF32 82, BF16 / FP16 165 TFLOPS dense, 933 GB/s.
+    (r"\bA30\b", GpuSpec("A30", 165.0, 165.0, 82.0, 10.3, 933)),
+    # NVIDIA H800 datasheet: SXM5 as the H100 SXM's compute (1979 / 989 sparse BF16 / TF32, 67 FP32) at 3.35 TB/s;
+    # PCIe as the H100 PCIe's (1513 / 756 sparse, 51 FP32) at 2 TB/s. The H800 differs in its NVLink (400 GB/s).
+    (r"\bH800\b.*\bPCIe\b", GpuSpec("H800 PCIe", 756.0, 756.0, 378.0, 51.2, 2000)),
+    (r"\bH800\b", GpuSpec("H800 SXM", 989.4, 989.4, 494.7, 66.9, 3350)),
+    # NVIDIA HGX B200 datasheet, per GPU (the 8-GPU board's figures / 8): FP16 / BF16 4.5 PFLOPS and TF32 2.2
+    # PFLOPS sparse, FP32 75 TFLOPS, HBM3e 8 TB/s.
+    (r"\bB200\b", GpuSpec("B200", 2250.0, 2250.0, 1125.0, 75.0, 8000)),
 ]
 
 _MIG = re.compile(r"\bMIG\b|\b\d+g\.\d+gb\b", re.I)  # "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
