@@ -16,7 +16,9 @@ refused the call). A probe never raises: what is missing is a finding, not a cra
 - SDPA: which backend `torch._fused_sdp_choice` picks for the engine's decode attention call
   (one query per sequence, an explicit boolean mask, enable_gqa=True) in FP32 and BF16, and with
   K/V expanded to the query heads instead of enable_gqa.
-- Launch gap: the time per tiny kernel when 1,000 are enqueued back to back (synchronized once).
+- Launch gap: the time per tiny kernel when 1,000 are enqueued back to back (timed once around all).
+Timing: CUDA events on the current stream on a GPU, time.perf_counter on the CPU; the mean of 10 calls
+after 2 warm-up calls (a probe says whether the kernel is there and roughly how fast, not a benchmark).
 """
 
 from __future__ import annotations
@@ -39,17 +41,23 @@ def _why(exc: BaseException) -> str:
 
 
 def _seconds(fn: Callable, dev, iters: int = 10) -> float:
-    """Mean seconds per call after 2 warm-up calls; CUDA-synchronized around the timed loop."""
+    """Mean seconds per call after 2 warm-up calls: CUDA events on the stream that ran the work, else perf_counter."""
     import torch
 
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for _ in range(2):
         fn()
-    sync()
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(dev)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    sync()
     return (time.perf_counter() - t0) / iters
 
 
@@ -202,6 +210,8 @@ def probe_all(device: str) -> list[dict]:
     import torch
 
     dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # the events and the current stream are this device's
     rows = []
     for probe in PROBES:
         try:
