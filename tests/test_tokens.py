@@ -295,3 +295,13 @@ def test_quick_run_end_to_end(quick_run):
     vocab = pd.DataFrame(**{"data": d["tables"]["vocab"]["rows"], "columns": d["tables"]["vocab"]["columns"]})
     assert list(vocab.vocab) == list(L.Config.quick().vocab_sizes)
     assert "1. How text becomes tokens" in run.stdout and "3. Vocabulary size" in run.stdout
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_judge_and_headline_survive_tables_cut_mid_sweep(rows):
+    res = _fixture()
+    res.tables = {k: v.head(rows) for k, v in res.tables.items()}
+    claims = L.judge(res)
+    assert "tokens.roundtrip" in {c.id for c in claims} and "tokens.english_cheapest" not in {c.id for c in claims}
+    assert ("tokens.vocab_cost_is_the_head" in {c.id for c in claims}) is (rows >= 2)
+    L.headline(res, claims)

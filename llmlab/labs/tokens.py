@@ -512,7 +512,7 @@ def judge(result: LabResult) -> list[Claim]:
         claims += tokenization_claims(t["tokenization"])
     if not empty_table(t.get("counting")):
         claims += counting_claims(t["counting"])
-    if not empty_table(t.get("embedding_test")):
+    if not empty_table(t.get("embedding_test")) and set(t["embedding_test"].kind) >= {"cosine", "id"}:
         claims += [embedding_claim(t["embedding_test"], result.config)]
     if not empty_table(t.get("vocab")):
         claims += vocab_claims(t["vocab"])
@@ -526,6 +526,8 @@ def tokenization_claims(df: pd.DataFrame) -> list[Claim]:
                f"{len(df) - len(bad)} of {len(df)} samples exact" + (f"; not: {', '.join(bad['sample'][:3])}" if len(bad) else ""),
                len(bad) == 0)
     same = df[(df.kind == "same sentence") & ~df["sample"].str.startswith("English")]
+    if same.empty:  # a run cut before the translations
+        return [rt]
     worst = same.loc[same.x_english.idxmin()]
     dearest = same.loc[same.x_english.idxmax()]
     premium = Claim("tokens.english_cheapest", "the same sentence costs more tokens in every other language than in English",
@@ -561,6 +563,8 @@ def counting_claims(df: pd.DataFrame) -> list[Claim]:
 def embedding_claim(df: pd.DataFrame, config: dict) -> Claim:
     parts, ok = [], True
     for label, sub in df.groupby("model", sort=False):
+        if set(sub.kind) < {"cosine", "id"}:
+            continue  # a model cut between its two rows
         s = sub.set_index("kind")
         cos, idn, p = s.loc["cosine", "related_share"], s.loc["id", "related_share"], s.loc["cosine", "p_value"]
         ratio = cos / idn if idn > 0 else math.inf
@@ -595,6 +599,8 @@ def vocab_claims(df: pd.DataFrame) -> list[Claim]:
                         abs(gap) <= SHARE_BAND,
                         note="per-layer fixed costs (launches, Python) the weight count does not see pull the "
                              "measured share below it, most at small V"))
+    if len(df) < 2:
+        return claims  # one size: nothing was added
     d_step, d_head = big.step_ms - df.step_ms.iloc[0], big.head_ms - df.head_ms.iloc[0]
     r = d_step / d_head if d_head > 0 else math.inf
     lo, hi = DELTA_BAND
@@ -609,6 +615,8 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
     if any(empty_table(t.get(n)) for n in ("counting", "embedding_test", "vocab")):
         return ""
     c, e, v = t["counting"].iloc[0], t["embedding_test"], t["vocab"].iloc[-1]
+    if set(e.kind) < {"cosine", "id"}:
+        return ""
     cos = e[e.kind == "cosine"].iloc[0]
     idn = e[e.kind == "id"].iloc[0]
     return (f"{c.model} reads '{c.word}' as {c.pieces}: the letters are inside ids. Its nearest embeddings are related "
