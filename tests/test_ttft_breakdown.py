@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,6 +351,69 @@ def test_judge_cold_start_ratio():
     assert c.holds is None and c.note == "--cold-starts 0"
 
 
+def test_cold_start_note_only_when_the_claim_fails():
+    cid = "ttft_breakdown.cold_start_ratio"
+    assert find(lab.judge(_result(cold_start=_cold(5000.0, 13.0))), cid).note == ""
+    assert "already warm" in find(lab.judge(_result(cold_start=_cold(100.0, 13.0))), cid).note
+
+
+def _read(resident_pct):
+    return [{"item": "weights", "value": 23.4, "unit": "MB", "how": "x"},
+            {"item": "resident_after_drop", "value": resident_pct, "unit": "%", "how": "mincore"},
+            {"item": "disk_read", "value": 0.4, "unit": "GB/s", "how": "x"}]
+
+
+def test_judge_cold_read_from_disk():
+    cid = "ttft_breakdown.cold_read_from_disk"
+    assert _verdict(cid, cold_read=_read(0.0)) is True
+    assert _verdict(cid, cold_read=_read(100.0)) is False
+    arch = [{"item": "weight files", "value": math.nan, "unit": "", "how": "none (arch: random weights)"}]
+    assert _verdict(cid, cold_read=arch) is None
+
+
+def test_disk_read_counts_bytes_and_mincore_sees_a_read_file(tmp_path):
+    from llmlab.core import disk
+
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"\1" * (3 << 20))
+    n, sec = disk.timed_read([f])
+    assert n == 3 << 20 and sec > 0
+    assert disk.timed_read([f], max_bytes=1)[0] == min(3 << 20, disk.CHUNK)  # stops after the first chunk
+    if disk.resident_fraction([f]) is None:
+        pytest.skip("no mincore here")
+    assert disk.resident_fraction([f]) == 1.0  # just read: every page is cached
+    disk.drop_page_cache([f])
+    disk.timed_read([f])
+    assert disk.resident_fraction([f]) == 1.0  # the read after a drop caches them again
+
+
+def test_cold_weights_copy_fresh_when_the_originals_stay_cached(tmp_path, monkeypatch):
+    from llmlab.core import disk
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    seen = []
+
+    def resident(paths):  # the originals never leave the cache (another process maps them); a copy does
+        seen.append(paths[0].parent)
+        return 1.0 if paths[0].parent == model else 0.0
+
+    monkeypatch.setattr(disk, "resident_fraction", resident)
+    cold = lab.ColdWeights.prepare(str(model))
+    try:
+        assert cold.ref != str(model) and "fresh copy" in cold.source
+        assert (Path(cold.ref) / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+        rows = {r["item"]: r for r in cold.rows(CPU)}
+        assert rows["resident_after_drop"]["value"] == 0.0 and rows["disk_read"]["value"] > 0
+        assert rows["napkin_70b_read"]["value"] == pytest.approx(140e9 / rows["disk_read"]["value"] / 1e9)
+        assert "napkin_70b_upload" not in rows and math.isnan(rows["upload"]["value"])  # no upload on the CPU
+    finally:
+        cold.cleanup()
+    assert not Path(cold.ref).exists()
+
+
 def test_judge_rag_prefill_over_retrieval():
     cid = "ttft_breakdown.rag_prefill_over_retrieval"
 
@@ -377,11 +441,12 @@ def test_headline_names_the_dominant_layer():
 
 CLAIM_IDS = ["ttft_breakdown.phases_sum_to_ttft", "ttft_breakdown.attribution", "ttft_breakdown.prefill_rate_vs_napkin",
              "ttft_breakdown.queue_knee", "ttft_breakdown.fcfs_worker_overhead", "ttft_breakdown.cold_start_ratio",
-             "ttft_breakdown.rag_prefill_over_retrieval"]
+             "ttft_breakdown.cold_read_from_disk", "ttft_breakdown.rag_prefill_over_retrieval"]
 # a column without a unit suffix must be one of these (counts, labels, ratios)
 UNITLESS = {"scenario", "bar", "n", "prompt_tokens", "injected_into", "arrivals", "rho", "service_cv", "target_rho",
             "rate_vs_napkin", "step", "phase", "expected", "requests", "metric", "tool", "formula",
-            "t2_adds_10pct_at_tokens"}
+            "t2_adds_10pct_at_tokens",
+            "item", "what", "value", "unit", "how"}  # cold_read: one row per quantity, its unit in `unit`
 UNITS = ("_ms", "_pct", "_per_s", "_gflop", "_ms_per_tok", "_ms_per_tok2")
 
 
@@ -415,6 +480,9 @@ def test_cli_end_to_end_quick(quick):
     rag = [k for k in ph.index if k.startswith("RAG")][0]
     assert ph.loc[rag, "prompt_tokens"] > ph.loc["chat (warm, idle)", "prompt_tokens"] + 200  # the context is there
     assert ph.loc[rag, "retrieval_ms"] > 0 and ph.loc["chat (warm, idle)", "retrieval_ms"] == 0
+    read = res.tables["cold_read"].set_index("item")
+    assert read.loc["weights", "value"] > 1 and read.loc["disk_read", "value"] > 0  # tiny's weights, read cold
+    assert read.loc["napkin_70b_read", "value"] == pytest.approx(140 / read.loc["disk_read", "value"])
     cold = res.tables["cold_start"].set_index("step")
     assert cold.loc["import_torch", "median_ms"] > 100  # importing torch takes a while on any machine
     sc = res.tables["scenarios"].set_index("scenario")
