@@ -195,6 +195,10 @@ def test_gpu_check_records_labs_past_the_budget_as_not_run(tmp_path, monkeypatch
     got = gpucheck.gpu_check(["works", "late"], "cpu", tmp_path, budget_s=5, skip=("serve", "probe"), echo=lambda *_: None)
     assert [r["exit"] for r in got["labs"]] == ["not run", "not run"] and "budget" in got["labs"][0]["error"]
     assert got["serve"] is None and got["kernels"] is None
+    monkeypatch.setattr(gpucheck, "serve_check", lambda device, log_dir: SERVE_ROW)
+    monkeypatch.setattr(gpucheck, "probe_subprocess", lambda device: PROBE_ROWS)
+    got = gpucheck.gpu_check(["works"], "cpu", tmp_path, budget_s=gpucheck.SERVE_S + 60, echo=lambda *_: None)
+    assert got["labs"][0]["exit"] == "not run" and got["serve"] == SERVE_ROW  # serve and the probe keep their share
 
 
 def test_serve_line_reports_a_failed_server():

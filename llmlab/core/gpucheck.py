@@ -15,8 +15,9 @@ IEEE FP32 matmul, FP8 `torch._scaled_mm`, the INT8 / INT4 packed weight matmuls,
 the engine's attention call gets, and the launch gap; a kernel this torch or device lacks reads
 "not available" with the reason. (5) A one-screen summary (one line per lab: its claim counts or its
 failure), saved with the not-held claims in full as OUT/gpu-check/summary.{txt,json}. The whole
-check keeps to a time budget (--budget-s, 8 minutes): a lab that would start past it is recorded
-as not run.
+check keeps to a time budget (--budget-s, 8 minutes): the labs get what the serve check and the
+probe leave, each lab at most what is left of that share, and a lab that would start past it is
+recorded as not run.
 
 `--install-check` is for a machine where nvidia-smi sees a GPU: when torch cannot use it, it prints
 one line with the cause (a CPU build, a wheel built for a newer CUDA than the driver supports, or a
@@ -52,6 +53,8 @@ CUDA_WHEEL_TAGS = ("cu126", "cu128", "cu130")
 LAB_TIMEOUT_S = 300  # one --quick lab on a GPU takes seconds to a minute; five minutes means it hangs
 BUDGET_S = 480  # the whole check: 8 minutes, a short lease of a GPU machine
 SERVE_S = 60  # llmlab serve under load for a minute
+SERVE_START_S = 30  # kept for the server to load and answer /health (the tiny model loads in seconds)
+PROBE_S = 30  # kept for the kernel probe
 CONCURRENT = 32  # requests in flight at once in the serve check
 
 
@@ -403,12 +406,14 @@ def gpu_check(labs: list[str], device: str, out: Path, timeout_s: float = LAB_TI
     """Every lab, the serve check and the probe; saves OUT/gpu-check/summary.{txt,json}, echoes the summary."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     log_dir = out / "gpu-check"
-    deadline = time.monotonic() + budget_s
+    reserve = (0 if "serve" in skip else SERVE_S + SERVE_START_S) + (0 if "probe" in skip else PROBE_S)
+    deadline = time.monotonic() + budget_s - reserve  # the labs' share: serve and the probe come after them
     rows = []
     for lab in labs:
         left = deadline - time.monotonic()
         if left < 10:
-            rows.append({"lab": lab, "exit": "not run", "seconds": 0.0, "error": f"the {budget_s:.0f} s budget was spent"})
+            rows.append({"lab": lab, "exit": "not run", "seconds": 0.0,
+                         "error": f"the labs' {budget_s - reserve:.0f} s of the {budget_s:.0f} s budget were spent"})
             continue
         echo(f"== llmlab {lab} --device {device} --quick")
         rows.append(run_one(lab, device, out, log_dir, min(timeout_s, left)))
@@ -430,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labs", default=None, help="space- or comma-separated lab names (default: every lab the CLI has)")
     ap.add_argument("--out", default="results", help="results folder; the summary goes to OUT/gpu-check/")
     ap.add_argument("--timeout", type=float, default=LAB_TIMEOUT_S, help="seconds before one lab is killed")
-    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds for all the labs; later labs are not run")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
+                    help="seconds for the whole check; a lab that would start past the labs' share is not run")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: serve, probe")
     ap.add_argument("--install-check", action="store_true", help="only check that torch can use the GPU nvidia-smi sees")
     ap.add_argument("--pip-index", action="store_true", help="print pip's --index-url for a CUDA torch this driver runs")
