@@ -296,7 +296,7 @@ def neighbour_rows(emb: torch.Tensor, tok, label: str, ids: np.ndarray, cfg: Con
     counts = sorted(((co.count(t), t) for t in words if co.count(t) >= cfg.cooc_min), reverse=True)
     probes = [t for _, t in counts[:cfg.probes]]
     pool = np.asarray(sorted(words), dtype=np.int64)
-    pool_t = torch.as_tensor(pool)
+    pool_t = torch.as_tensor(pool, device=emb.device)  # on the embedding's device: the masks and indices meet it there
     units = unit_rows(emb, pool_t)  # (P, d), once: a large vocabulary's rows are normalised a single time
     rows = []
     for p in track(progress, probes, f"embeddings: neighbours ({label})"):
