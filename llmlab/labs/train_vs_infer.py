@@ -367,7 +367,7 @@ def judge(result: LabResult) -> list[Claim]:
                             abs(r / 3 - 1) <= FLOP_RATIO_TOL))
         per = fwd.flops_per_token_per_param
         claims.append(Claim("train_vs_infer.forward_2n", "a forward costs about 2N FLOPs per token",
-                            "2 x matmul parameters per token (+ attention)",
+                            "1.9N-2.6N per token (2 x matmul parameters, + attention)",
                             f"{per:.2f}N per token ({fwd.model}, T={int(result.config.get('seq_len', 0))})",
                             1.9 <= per <= 2.6, note="attention's T^2 work adds to 2N as T grows"))
         tr = first.loc["training: + AdamW step"].x_forward
@@ -410,7 +410,7 @@ def judge(result: LabResult) -> list[Claim]:
                             f"{'identical' if gen.answer_same else 'different'} after {int(gen.tokens)} tokens", same))
         learned = step.weights_hash != before.weights_hash and step.conversation_loss < gen.conversation_loss
         claims.append(Claim("train_vs_infer.training_step_learns", "one training step on the conversation changes the model",
-                            "new weights hash and a lower loss on that conversation",
+                            "weights hash changes and loss after < loss before, on that conversation",
                             f"hash {'changed' if step.weights_hash != before.weights_hash else 'unchanged'}; loss "
                             f"{gen.conversation_loss:.3f} -> {step.conversation_loss:.3f}; answer "
                             + ("unchanged" if step.answer_same else f"differs from token {int(step.answer_first_diff)}"),
