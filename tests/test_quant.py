@@ -1,5 +1,7 @@
-"""The quantizers (round-trip bounds, exact bytes, the E2M1 table, a hand-computed NVFP4 block),
-the quantization lab's judge fixtures and its bad input. The lab end to end: tests/test_render.py."""
+"""The quantizers (round-trip bounds, exact bytes, the E2M1 table, a hand-computed NVFP4 block), the kernel
+paths (which one each device takes, with the CUDA capability patched; the layouts; the kernels that run on a
+CPU, for real, against the dequantized reference; the fall-back when a probe fails), the quantization lab's
+judge fixtures and its bad input. The lab end to end: tests/test_render.py."""
 
 from __future__ import annotations
 
@@ -166,10 +168,147 @@ def test_kv_fit_rows_follow_the_formula():
     assert rows[("arch:llama-3.1-70b", "nvfp4")]["x_fp8"] == pytest.approx(1 / 0.5625, rel=1e-3)
 
 
+# ---------------------------------------------------------------- kernel paths
+
+
+@pytest.mark.parametrize("cc, int8, int4, fp8", [
+    ((7, 5), "int8pack_mm (naive CUDA kernel)", Q.EMUL, Q.EMUL),
+    ((8, 0), "int8pack_mm (naive CUDA kernel)", "int4pack_mm (tinygemm, BF16)", Q.EMUL),
+    ((8, 9), "int8pack_mm (naive CUDA kernel)", "int4pack_mm (tinygemm, BF16)", "_scaled_mm FP8 (tensor cores)"),
+    ((9, 0), "int8pack_mm (naive CUDA kernel)", "int4pack_mm (tinygemm, BF16)", "_scaled_mm FP8 (tensor cores)"),
+])
+def test_each_gpu_generation_gets_its_kernels(monkeypatch, cc, int8, int4, fp8):
+    """FP8 GEMM from compute capability 8.9 (FP8 tensor cores), tinygemm INT4 from sm80; group sizes it lacks emulate."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+    gpu = torch.device("cuda:0")
+    assert Q.kernel_path("int8", gpu) == int8
+    assert Q.kernel_path("int4-g128", gpu) == Q.kernel_path("int4-g32-asym", gpu) == int4
+    assert Q.kernel_path("int4-g16", gpu) == Q.EMUL
+    assert Q.kernel_path("fp8-tensor", gpu) == Q.kernel_path("fp8-channel", gpu) == fp8
+    assert Q.kernel_path("bf16", gpu) == "BF16 matmul (kernel)"
+
+
+def test_the_cpu_gets_its_own_kernels():
+    cpu = torch.device("cpu")
+    assert Q.kernel_path("int8", cpu) == "int8pack_mm (kernel)"
+    assert Q.kernel_path("int4-g64", cpu) == "int4pack_mm_for_cpu (kernel)"
+    assert Q.kernel_path("fp8-channel", cpu) == Q.EMUL  # no FP8 tensor cores: the format is emulated
+
+
+_CPU_RUNNABLE = [("int8", "int8pack_mm (kernel)"), ("int4-g32", "int4pack_mm_for_cpu (kernel)"),
+                 ("int4-g128-asym", "int4pack_mm_for_cpu (kernel)"), ("int4-g64-asym", "int4pack_mm_for_cpu (kernel)"),
+                 ("fp8-tensor", "_scaled_mm FP8 (tensor cores)"), ("fp8-channel", "_scaled_mm FP8 (tensor cores)")]
+
+
+@pytest.mark.parametrize("fmt, path", _CPU_RUNNABLE)
+def test_kernels_that_run_on_a_cpu_equal_the_dequantized_reference(fmt, path):
+    """The real ops (the FP8 GEMM too: torch has a CPU _scaled_mm), through the same pack and call as on a GPU:
+    a wrong zero, scale layout or operand order is O(1) off; rounding is 2^-8 at worst."""
+    qt = Q.quantize_weight(_w(64, 256), fmt)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(2))
+    y = Q._mm(path, x, Q._pack(path, qt), Q._group(fmt)).float()
+    ref = Q._reference(path, x, qt)
+    tol = Q.KERNEL_TOL if path.startswith("_scaled_mm") else 1e-5  # BF16 output vs FP32 kernels
+    assert float((y - ref).norm() / ref.norm()) <= tol
+
+
+def test_fp8_gemm_layout_column_major_weight_and_scales_per_tensor_or_row():
+    for fmt, shape in (("fp8-tensor", ()), ("fp8-channel", (1, 48))):
+        packed = Q._pack("_scaled_mm FP8 (tensor cores)", Q.quantize_weight(_w(48, 256), fmt))
+        b = packed["q"].t()  # (K, N) as _scaled_mm's second operand
+        assert b.shape == (256, 48) and b.stride() == (1, 256)  # column-major
+        assert tuple(packed["scale_b"].shape) == shape and packed["scale_b"].dtype == torch.float32
+    xq, sx = Q.fp8_activations(torch.randn(3, 256), rowwise=True)
+    assert xq.dtype == torch.float8_e4m3fn and tuple(sx.shape) == (3, 1)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g32", "int4-g128-asym"])
+def test_int4_kernel_layout_scales_zeros_and_nibbles(fmt):
+    """tinygemm's dequantization (q - 8) x scale + zero gives W' exactly; its byte layout keeps the even index in the
+    high nibble (our `_pack4` keeps it in the low one)."""
+    qt = Q.quantize_weight(_w(32, 256), fmt)
+    codes = Q._unpack4(qt.parts["q"]).float()  # (N, K)
+    sz = Q.int4_scales_and_zeros(qt, torch.float32)  # (groups, N, 2)
+    g = Q._group(fmt)
+    assert sz.shape == (256 // g, 32, 2)
+    scale, zero = (sz[..., i].t().repeat_interleave(g, dim=1) for i in (0, 1))  # (N, K) each
+    assert torch.allclose((codes - 8) * scale + zero, Q.dequantize_weight(qt), atol=1e-6, rtol=0)
+    b = Q.int4_cuda_bytes(torch.tensor([[1, 2, 3, 4]]))
+    assert b.tolist() == [[0x12, 0x34]]
+
+
+def test_layers_the_kernel_layout_cannot_take_are_emulated():
+    lin = torch.nn.Linear(256, 24, bias=False)  # N = 24: not a multiple of 16
+    assert Q.QuantLinear(lin, "int4-g32").path == Q.EMUL
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64, bias=False), torch.nn.Linear(64, 24, bias=False))
+    assert Q.quantize_linears(model, "int4-g32") == f"int4pack_mm_for_cpu (kernel) + {Q.EMUL}"
+
+
+@pytest.mark.parametrize("broken", ["raises", "wrong"])
+def test_a_kernel_that_fails_its_probe_falls_back_to_the_emulation(monkeypatch, broken):
+    """_weight_int8pack_mm has no CUDA kernel before torch 2.9: the probe finds that out once and the layer emulates."""
+    def op(x, q, s):
+        if broken == "raises":
+            raise NotImplementedError("Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend")
+        return torch.zeros(x.shape[0], q.shape[0])
+
+    monkeypatch.setattr(Q, "_PROBES", {})
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", op)
+    row = Q.probe("int8", torch.device("cpu"))
+    assert row["kernel"] == "int8pack_mm (kernel)" and row["path"] == Q.EMUL
+    assert ("Could not run" if broken == "raises" else "off the dequantized reference") in row["why"]
+    ql = Q.QuantLinear(torch.nn.Linear(256, 64, bias=False), "int8")
+    x = torch.randn(3, 256)
+    assert ql.path == Q.EMUL and torch.allclose(ql(x), x @ Q.dequantize_weight(ql.qt).T, atol=1e-5)
+
+
+def test_nvfp4_of_an_all_zero_tensor_stays_on_its_device():
+    """The fallback tensor scale is made beside the data: on the meta device every part is meta (a CPU constant,
+    or a Python branch on the data, cannot be); on the CPU zeros round-trip to zeros with scale 1."""
+    qt = Q.nvfp4_quantize(torch.zeros(2, 3, 4, 64, device="meta"))
+    assert all(t.device.type == "meta" for t in qt.parts.values())
+    qt = Q.nvfp4_quantize(torch.zeros(1, 32))
+    assert qt.parts["tensor_scale"].tolist() == [1.0] and not Q.nvfp4_dequantize(qt).any()
+
+
+def test_decode_speed_waits_for_the_device_at_every_step(tiny, monkeypatch):
+    """On a GPU the host only enqueues: each decode step is timed after the device's synchronise."""
+    from llmlab.core.device import resolve_device
+    from llmlab.inference import decode
+
+    real, syncs = decode.generate, []
+
+    def generate(*a, sync=None, **kw):
+        syncs.append(sync)
+        return real(*a, sync=sync, **kw)
+
+    monkeypatch.setattr(decode, "generate", generate)
+    cpu = resolve_device("cpu")
+    cfg = L.Config(batches=(1,), decode_tokens=2, prompt_len=4, repeats=1)
+    rows = L.part_speed(tiny, "tiny", ["fp32", "int8"], cfg, cpu)
+    assert syncs and all(s == cpu.synchronize for s in syncs)
+    assert [r["path"] for r in rows] == ["FP32 matmul (kernel)", "int8pack_mm (kernel)"]
+
+
+def test_gpu_speed_model_is_sized_from_free_memory_and_l2():
+    from llmlab.core.flops import Shape
+    from llmlab.core.models import arch_config
+
+    fmts = ["fp32", "bf16", "int8", "int4-g128", "fp8-channel"]
+    layers, full, beyond = L.gpu_speed_layers("arch:llama-3-8b", fmts, 139 * 2**30, 60 * 2**20)  # an H200
+    s = Shape.of(arch_config("llama-3-8b"))
+    per_layer = sum(k * n for name, k, n, _ in s.matmuls() if name != "lm_head")
+    need = (8 + 4 + 2 + 1.1 + 1.2 + 1.1) * (layers * per_layer + 2 * s.hidden * s.vocab)
+    assert 1 <= layers < full == 32 and need <= L.GPU_MEMORY_SHARE * 139 * 2**30 and beyond
+    assert L.gpu_speed_layers("arch:llama-3-8b", fmts, 24 * 2**30, 60 * 2**20)[0] < layers  # a smaller card, fewer
+    assert L.gpu_speed_layers("arch:llama-3-8b", fmts, 2**30, 60 * 2**20)[0] == 1  # at least one layer
+
+
 # ---------------------------------------------------------------- judge fixtures
 
 
-def _result(int8_loss=0.001, int4_ppl=0.02, match=True, speedup=3.5, nvfp4_bpt=0.5625, nvfp4_ppl=0.004, fp32_kl=0.0):
+def _result(int8_loss=0.001, int4_ppl=0.02, match=True, speedup=3.5, nvfp4_bytes=0.5625, nvfp4_ppl=0.004, fp32_kl=0.0,
+            device="cpu", fits=False):
     weights = pd.DataFrame([
         dict(format="fp32", bits_per_param=32.0, x_bf16=2.0, loss_delta=0.0, ppl_delta=0.0, kl=fp32_kl, agreement=1.0,
              bytes_match=True),
@@ -178,11 +317,16 @@ def _result(int8_loss=0.001, int4_ppl=0.02, match=True, speedup=3.5, nvfp4_bpt=0
         dict(format="int4-g128", bits_per_param=4.1, x_bf16=0.26, loss_delta=0.02, ppl_delta=int4_ppl, kl=1e-3,
              agreement=0.95, bytes_match=True)])
     speed = pd.DataFrame([
-        dict(model="m", format=f, batch=1, real_kernel=real, linear_bytes=b, fits_in_cache=False, speedup=s,
-             bytes_ratio=4e6 / b) for f, real, b, s in (("fp32", True, 4e6, 1.0), ("int8", True, 1e6, speedup),
-                                                       ("int4-g128", False, 5e5, 0.3))])
-    kv_bytes = pd.DataFrame([dict(format="fp8", long_context_bytes_per_token=1.0, bytes_match=True),
-                             dict(format="nvfp4", long_context_bytes_per_token=nvfp4_bpt, bytes_match=True)])
+        dict(model="m", device=device, format=f, batch=1, path=path, real_kernel=Q.EMUL not in path, linear_bytes=b,
+             fits_in_cache=fits, speedup=s, bytes_ratio=4e6 / b)
+        for f, path, b, s in (("fp32", "FP32 matmul (kernel)", 4e6, 1.0), ("int8", "int8pack_mm (kernel)", 1e6, speedup),
+                              ("int4-g128", Q.EMUL, 5e5, 0.3))])
+    # the same cache of 256 tokens packed two ways: FP8 1 B a value + a scale per head; NVFP4 0.5 + 1/16 B (+ 4 B);
+    # a packer that kept FP32 block scales would store 0.75 B a value
+    n = 2 * 4 * 256 * 64
+    kv_bytes = pd.DataFrame([dict(format="fp8", bytes=n + 4 * 4, long_context_bytes_per_token=1.0, bytes_match=True),
+                             dict(format="nvfp4", bytes=int(n * nvfp4_bytes) + 4, long_context_bytes_per_token=0.5625,
+                                  bytes_match=True)])
     kv_quality = pd.DataFrame([dict(format="nvfp4", ppl_delta=nvfp4_ppl, agreement=0.97)])
     return LabResult(lab="quantization", version=1, tables=dict(weights=weights, speed=speed, kv_bytes=kv_bytes,
                                                                 kv_quality=kv_quality))
@@ -194,12 +338,31 @@ def _result(int8_loss=0.001, int4_ppl=0.02, match=True, speedup=3.5, nvfp4_bpt=0
     ("quantization.int8_halves_memory", dict(int8_loss=0.05)),
     ("quantization.int4_perplexity", dict(int4_ppl=0.2)),
     ("quantization.speedup_tracks_bytes", dict(speedup=0.6)),
-    ("quantization.nvfp4_kv_vs_fp8", dict(nvfp4_bpt=0.75)),
+    ("quantization.nvfp4_kv_vs_fp8", dict(nvfp4_bytes=0.75)),
     ("quantization.nvfp4_kv_quality", dict(nvfp4_ppl=0.03)),
 ])
 def test_each_claim_holds_and_fails(cid, bad):
     assert find(L.judge(_result()), cid).holds is True
     assert find(L.judge(_result(**bad)), cid).holds is False
+
+
+def test_nvfp4_vs_fp8_is_judged_on_the_measured_bytes_not_the_lookup_table():
+    claim = find(L.judge(_result(nvfp4_bytes=0.75)), "quantization.nvfp4_kv_vs_fp8")  # the table still says 0.5625
+    assert claim.holds is False and claim.measured.startswith("0.74")
+
+
+@pytest.mark.parametrize("device, fits, words, not_words", [
+    ("cpu", True, "fit in the CPU's cache: decode is not bound by DRAM", "GPU"),
+    ("cuda", True, "fit in the GPU's L2: decode is not bound by HBM", "CPU"),
+    ("cuda", False, "beyond the GPU's L2: fewer bytes from HBM", "CPU"),
+])
+def test_speed_wording_follows_the_device(device, fits, words, not_words):
+    res = _result(device=device, fits=fits, speedup=0.6)
+    claims = L.judge(res)
+    note = find(claims, "quantization.speedup_tracks_bytes").note
+    head = L.headline(res, claims)
+    assert words in note and not_words not in note
+    assert ("a GPU" if device == "cuda" else "a CPU") in head and not_words not in head
 
 
 def test_judge_tolerates_missing_tables():

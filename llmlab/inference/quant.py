@@ -30,7 +30,15 @@ References:
 - FP8 E4M3: Micikevicius et al. 2022, "FP8 Formats for Deep Learning" (arXiv 2209.05433): max 448.
 - GPTQ (arXiv 2210.17323) / AWQ (arXiv 2306.00978): group-wise INT4 weight-only, FP16 scales.
 - LLM.int8() (arXiv 2208.07339): per-channel absmax INT8.
-- torch._weight_int8pack_mm: PyTorch's weight-only INT8 matmul (CPU kernel; also used by gpt-fast).
+- torch._weight_int8pack_mm: PyTorch's weight-only INT8 matmul (CPU kernel; a naive CUDA one from torch 2.9;
+  also used by gpt-fast). torch._weight_int4pack_mm (tinygemm, CUDA sm80+, BF16) and _weight_int4pack_mm_for_cpu:
+  weight-only INT4, dequantized as (q - 8) x scale + zero per group (gpt-fast, torchao's int4 weight-only).
+  torch._scaled_mm: FP8 E4M3 GEMM on FP8 tensor cores (sm89+), per-tensor or row-wise FP32 scales.
+
+Kernel paths (`QuantLinear.path`): each format takes the real kernel this device has, else it is
+dequantized to FP32 every call ("dequantize+FP32 (emul)": the emulation's speed, not the format's).
+A kernel is probed once per device against x @ W'^T (W' the dequantized weight) before any layer
+uses it: an op this torch lacks on the device, or a wrong answer, falls back to the emulation.
 """
 
 from __future__ import annotations
@@ -226,7 +234,7 @@ def nvfp4_quantize(x: torch.Tensor) -> QTensor:
     x = x.detach().float()
     blocks = x.reshape(-1, NVFP4_BLOCK)  # (n_blocks, 16)
     amax = x.abs().amax()
-    s_g = (amax / (E2M1_MAX * FP8_MAX)) if amax > 0 else torch.tensor(1.0)  # FP32 per tensor
+    s_g = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX), torch.ones_like(amax))  # FP32 per tensor, on x's device
     s_b = (blocks.abs().amax(dim=1) / E2M1_MAX / s_g).to(torch.float8_e4m3fn)  # (n_blocks,) E4M3
     scale = s_b.float() * s_g  # (n_blocks,) effective block scale
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
@@ -300,22 +308,163 @@ def qdq_kv(x: torch.Tensor, fmt: str) -> torch.Tensor:
 # ---------------------------------------------------------------- modules
 
 
+EMUL = "dequantize+FP32 (emul)"  # unpack + scale to FP32, then an FP32 matmul: no kernel for the format
+KERNEL_TOL = 2e-2  # a kernel path = x @ W'^T within 2% (relative, Frobenius): BF16 activations/output round at 2^-8
+INT4_KERNEL_GROUPS = (32, 64, 128, 256)  # the group sizes tinygemm takes
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
+def kernel_path(fmt: str, device: torch.device) -> str:
+    """The path `fmt` is meant to take on `device`, before the probe: a kernel's name, or EMUL where there is none.
+    FP8 GEMM needs FP8 tensor cores (compute capability >= 8.9); tinygemm INT4 needs sm80+."""
+    device = torch.device(device)
+    cc = _capability(device)
+    if fmt in ("fp32", "bf16", "fp16"):
+        return f"{fmt.upper()} matmul (kernel)"
+    if fmt == "int8":
+        return "int8pack_mm (naive CUDA kernel)" if cc else "int8pack_mm (kernel)"
+    m = _INT4.match(fmt)
+    if m and int(m.group(1)) in INT4_KERNEL_GROUPS:
+        if cc and cc >= (8, 0):
+            return "int4pack_mm (tinygemm, BF16)"
+        if cc is None and hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+            return "int4pack_mm_for_cpu (kernel)"
+    if fmt.startswith("fp8") and cc and cc >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        return "_scaled_mm FP8 (tensor cores)"
+    return EMUL
+
+
+# ---- each kernel: a layout check, a pack (QTensor -> the tensors the op reads), the op on x (M, K)
+
+
+def _fits(path: str, n: int, k: int) -> bool:
+    """The layouts the ops take: tinygemm and the CPU INT4 pack want N % 16 and K % 32; FP8 GEMM K and N % 16."""
+    if path.startswith("int4pack"):
+        return n % 16 == 0 and k % 32 == 0
+    if path.startswith("_scaled_mm"):
+        return n % 16 == 0 and k % 16 == 0
+    return True
+
+
+def int4_scales_and_zeros(qt: QTensor, dtype: torch.dtype) -> torch.Tensor:
+    """(groups, N, 2) [scale, zero] for W' = (q - 8) x scale + zero: symmetric zero 0; asymmetric
+    W' = (q - z) s = (q - 8) s + (8 - z) s, so zero = (8 - z) s."""
+    s = qt.parts["scale"].float()  # (N, groups)
+    zero = (8 - qt.parts["zero"].float()) * s if "zero" in qt.parts else torch.zeros_like(s)
+    return torch.stack([s.t(), zero.t()], dim=-1).to(dtype).contiguous()
+
+
+def int4_cuda_bytes(codes: torch.Tensor) -> torch.Tensor:
+    """Codes (N, K) -> (N, K / 2) uint8 as torch._convert_weight_to_int4pack reads them: even index in the HIGH nibble
+    (the opposite of `_pack4`)."""
+    codes = codes.to(torch.uint8)
+    return (codes[:, 0::2] << 4) | codes[:, 1::2]
+
+
+def _inner_k_tiles(k: int) -> int:
+    return next(t for t in (8, 4, 2) if k % (16 * t) == 0)
+
+
+def _pack(path: str, qt: QTensor) -> dict[str, torch.Tensor]:
+    p = qt.parts
+    if path.startswith("int8pack"):
+        return {"q": p["q"], "scale": p["scale"]}
+    if path.startswith("int4pack"):
+        codes = _unpack4(p["q"])  # (N, K) in 0..15
+        k = qt.shape[1]
+        if path.startswith("int4pack_mm_for_cpu"):
+            packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), _inner_k_tiles(k))
+            return {"q": packed, "sz": int4_scales_and_zeros(qt, torch.float32)}
+        packed = torch._convert_weight_to_int4pack(int4_cuda_bytes(codes), _inner_k_tiles(k))
+        return {"q": packed, "sz": int4_scales_and_zeros(qt, torch.bfloat16)}
+    if path.startswith("_scaled_mm"):
+        s = p["scale"]
+        scale_b = s.reshape(()) if s.numel() == 1 else s.reshape(1, -1).contiguous()  # per tensor () / row-wise (1, N)
+        return {"q": p["q"].contiguous(), "scale_b": scale_b}
+    return {"w": p["w"]} if "w" in p else {}
+
+
+def fp8_activations(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (E4M3 values, FP32 scales): one scale per tensor () or per row (M, 1), amax / 448."""
+    amax = (x.abs().amax(dim=1, keepdim=True) if rowwise else x.abs().amax()).float()
+    s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (x.float() / s).to(torch.float8_e4m3fn), s
+
+
+def _mm(path: str, x: torch.Tensor, packed: dict, group: int) -> torch.Tensor:
+    """x (M, K) -> (M, N) through the kernel of `path`."""
+    if path.startswith("int8pack"):
+        return torch._weight_int8pack_mm(x, packed["q"], packed["scale"].to(x.dtype))
+    if path.startswith("int4pack_mm_for_cpu"):
+        return torch._weight_int4pack_mm_for_cpu(x.float(), packed["q"], group, packed["sz"])
+    if path.startswith("int4pack"):
+        return torch._weight_int4pack_mm(x.to(torch.bfloat16), packed["q"], group, packed["sz"])
+    # FP8 GEMM: both operands E4M3, the second column-major (the (N, K) row-major weight, transposed), output BF16
+    xq, sx = fp8_activations(x, rowwise=packed["scale_b"].dim() == 2)
+    return torch._scaled_mm(xq, packed["q"].t(), scale_a=sx, scale_b=packed["scale_b"], out_dtype=torch.bfloat16)
+
+
+def _reference(path: str, x: torch.Tensor, qt: QTensor) -> torch.Tensor:
+    """What the kernel must equal: x @ W'^T in FP32; FP8 GEMM with x rounded to E4M3 the same way first."""
+    if path.startswith("_scaled_mm"):
+        xq, sx = fp8_activations(x, rowwise=qt.parts["scale"].numel() > 1)
+        x = xq.float() * sx
+    return x.float() @ dequantize_weight(qt).T
+
+
+def _group(fmt: str) -> int:
+    m = _INT4.match(fmt)
+    return int(m.group(1)) if m else 0
+
+
+_PROBES: dict[tuple[str, str], dict] = {}  # (format, device) -> probe(): measured once per process
+
+
+def probe(fmt: str, device: torch.device) -> dict:
+    """`kernel_path`, checked once per device: the kernel on a (64, 256) weight against the dequantized reference.
+    An op missing on this device (e.g. _weight_int8pack_mm on CUDA before torch 2.9) or a wrong answer -> EMUL.
+    Returns {format, kernel (the path meant), path (the path taken), rel_err (None: nothing to check), why}."""
+    device = torch.device(device)
+    key = (fmt, str(device))
+    if key not in _PROBES:
+        meant = kernel_path(fmt, device)
+        row = dict(format=fmt, kernel=meant, path=meant, rel_err=None, why="")
+        if meant != EMUL and not meant.endswith("matmul (kernel)"):
+            g = torch.Generator().manual_seed(0)
+            w, x = torch.randn(64, 256, generator=g).to(device), torch.randn(3, 256, generator=g).to(device)
+            try:
+                qt = quantize_weight(w, fmt)
+                y, ref = _mm(meant, x, _pack(meant, qt), _group(fmt)).float(), _reference(meant, x, qt)
+                row["rel_err"] = float((y - ref).norm() / ref.norm())
+                if not row["rel_err"] <= KERNEL_TOL:
+                    raise ValueError(f"off the dequantized reference by {row['rel_err']:.1e} (> {KERNEL_TOL:g})")
+            except (RuntimeError, NotImplementedError, ValueError, TypeError, AttributeError) as exc:
+                row.update(path=EMUL, why=(str(exc).splitlines() or [type(exc).__name__])[0][:160])
+        _PROBES[key] = row
+    return dict(_PROBES[key])
+
+
 class QuantLinear(torch.nn.Module):
-    """A Linear whose weight is stored packed. forward says which path it takes (`self.path`)."""
+    """A Linear whose weight is stored packed. forward takes the path named in `self.path`: this device's kernel
+    for the format (probed once), or EMUL."""
 
     def __init__(self, linear: torch.nn.Linear | None, fmt: str, weight: torch.Tensor | None = None):
         super().__init__()
         w = linear.weight if linear is not None else weight
         self.qt = quantize_weight(w, fmt)
         self.bias = None if linear is None or linear.bias is None else torch.nn.Parameter(linear.bias.detach().float())
-        self.fmt = fmt
-        # the path, short (a report column): a real kernel, or "dequantize" = emulation, not the format's speed
-        if fmt in ("fp32", "bf16", "fp16"):
-            self.path = f"{fmt.upper()} matmul (kernel)"
-        elif fmt == "int8":
-            self.path = "int8pack_mm (kernel)"  # torch._weight_int8pack_mm: weight-only INT8 x FP32
-        else:
-            self.path = "dequantize+FP32 (emul)"  # unpack + scale to FP32, then an FP32 matmul: no kernel
+        self.fmt, self.group = fmt, _group(fmt)
+        path = probe(fmt, w.device)["path"]
+        self.path = path if _fits(path, *self.qt.shape) else EMUL  # a layer the kernel's layout cannot take
+        self.packed = _pack(self.path, self.qt) if self.path != EMUL else {}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the forward reads: the kernel's packed tensors, or the format's (EMUL)."""
+        return sum(t.numel() * t.element_size() for t in self.packed.values()) if self.packed else self.qt.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (..., K)
         p = self.qt.parts
@@ -323,10 +472,11 @@ class QuantLinear(torch.nn.Module):
             y = F.linear(x, p["w"])
         elif self.fmt in ("bf16", "fp16"):
             y = F.linear(x.to(p["w"].dtype), p["w"]).to(x.dtype)
-        elif self.fmt == "int8":
-            y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), p["q"], p["scale"]).reshape(*x.shape[:-1], -1)
-        else:
+        elif self.path == EMUL:
             y = F.linear(x, dequantize_weight(self.qt))
+        else:
+            x2 = x.reshape(-1, x.shape[-1]).contiguous()  # (M, K): the packed kernels take a contiguous A
+            y = _mm(self.path, x2, self.packed, self.group).to(x.dtype).reshape(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 
 
@@ -356,12 +506,13 @@ def fake_quantize_(model, fmt: str) -> dict:
 
 
 def quantize_linears(model, fmt: str) -> str:
-    """Swap every nn.Linear (and a tied LM head) for a QuantLinear, in place; returns the path it takes."""
-    path = ""
+    """Swap every nn.Linear (and a tied LM head) for a QuantLinear, in place; returns the path they take
+    ("A + EMUL" when some layers' shapes do not fit the kernel's layout)."""
+    paths = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
                 q = QuantLinear(child, fmt)
                 setattr(parent, name, q)
-                path = q.path
-    return path
+                paths.append(q.path)
+    return " + ".join(sorted(set(paths), key=lambda p: p == EMUL))

@@ -7,10 +7,14 @@ Parts:
    FP32 (llmlab.tiny.evaluate.heldout_loss), greedy agreement with FP32 (greedy_agreement), KL of
    the next-token distributions.
 2. bytes: measured from the packed tensors vs bits x params / 8 + scales (exact).
-3. decode tokens/s per format at batch 1 and 16, interleaved rounds. Each row names its path:
-   a real kernel (FP32/BF16/FP16 matmul, torch._weight_int8pack_mm for INT8) or "dequantize on the
-   fly" (INT4, FP8 on a CPU: no kernel, so its speed is not a format's speed). The full run adds
-   an arch: shape cut to a few layers (random weights: timing only).
+3. decode tokens/s per format at batch 1 and 16, interleaved rounds, the device synchronised at
+   every step. Each row names its path: the device's kernel for the format (llmlab.inference.quant:
+   FP32/BF16/FP16 matmul; INT8 torch._weight_int8pack_mm; INT4 _weight_int4pack_mm(_for_cpu); FP8
+   torch._scaled_mm where the GPU has FP8 tensor cores), each checked against the dequantized
+   reference before timing, or "dequantize+FP32 (emul)" (no kernel here: not the format's speed).
+   On a CPU the full run adds an arch: shape cut to a few layers; on a GPU, whose L2 holds all of
+   tiny, the speed part times an arch: shape with as many layers as the free memory holds (random
+   weights: timing only).
 4. KV formats (BF16, FP8 per-head scale, INT8 per-token scale, NVFP4): bytes of a real prefill cache
    measured vs the kvcache formula + scales; tokens that fit on an 80 GB GPU after the weights
    (formula); quality when K and V are quantize-dequantized as they enter the cache.
@@ -38,15 +42,16 @@ from llmlab.core.stats import summary
 # torch and llmlab.inference.quant load inside the functions: the CLI imports this module for its help
 
 LAB = "quantization"
-VERSION = 1
-JUDGE_VERSION = 1
+VERSION = 2  # 2: kernel paths per device (probed), synchronised steps, a device-sized model on a GPU, KV bytes measured
+JUDGE_VERSION = 2
 INT8_BYTES_MAX = 0.55  # "halves BF16": values 1 B vs 2 B, plus FP32 row scales and FP32 norms
 INT8_LOSS_MAX = 0.01  # nats: LLM.int8()-style per-channel INT8 weight-only is near-lossless
 INT4_PPL_MAX = 0.05  # GPTQ/AWQ: INT4 g128 within a few % perplexity (large models; a 5M model is more fragile)
 NVFP4_FP8_MAX = 0.6  # "roughly halves": 0.5 B + 1/16 B of block scale per value against 1 B
 NVFP4_PPL_MAX = 0.01  # the article's "<1% accuracy loss", read as <1% perplexity (a proxy)
 TRACK_FRACTION = 0.7  # speed-up tracks bytes: at least 70% of the bytes ratio, real kernels only
-REAL = "real"  # rows whose path is a real kernel
+GPU_MEMORY_SHARE = 0.5  # a GPU's speed model: every format's copy together in half the free memory
+L2_MULTIPLE = 8  # ... and its smallest copy's weights at least 8x the L2, so decode streams them from HBM
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Config:
     arch_weights: tuple[str, ...] = ("fp32", "bf16", "int8")  # real kernels only: emulated INT4/FP8 take ~10 s a step
     arch_decode_tokens: int = 8  # a 136M-parameter LM head: ~0.5 s a step on 2 cores, so few tokens
     arch_repeats: int = 3  # and few rounds (the median of 3)
+    gpu_arch: str = "arch:llama-3-8b"  # on a GPU the speed part's shape instead (tiny sits in L2), layers from free memory
     batches: tuple[int, ...] = (1, 16)  # the issue's decode batches
     decode_tokens: int = 32  # tokens decoded per timed call
     prompt_len: int = 32  # prompt of the timed decode
@@ -88,8 +94,9 @@ class Config:
             raise ValueError("--eval-tokens must be >= 512 (two 256-token windows); agreement needs >= 1 prompt")
         if self.kv_tokens < 16 or self.gpu_gb <= 0 or self.arch_layers < 1 or self.threads < 0:
             raise ValueError("kv tokens >= 16, GPU GB > 0, arch layers >= 1, threads >= 0")
-        if self.arch and not self.arch.startswith("arch:"):
-            raise ValueError(f"--arch {self.arch!r}: give an arch:NAME shape (random weights) or ''")
+        for a in (self.arch, self.gpu_arch):
+            if a and not a.startswith("arch:"):
+                raise ValueError(f"--arch {a!r}: give an arch:NAME shape (random weights) or ''")
 
     @classmethod
     def quick(cls) -> Config:
@@ -146,6 +153,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     import torch
 
     from llmlab.core.models import load
+    from llmlab.inference import quant
 
     res = LabResult.new(LAB, VERSION, cfg)
     wfmts, kvfmts = _formats(cfg)
@@ -156,34 +164,91 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         res.env["torch_threads"] = torch.get_num_threads()
         ids = _heldout(lm.tokenizer).to(device.torch)
         res.add_table("weights", part_weights(lm.model, lm.tokenizer, ids, wfmts, cfg))
-        speed = part_speed(lm.model, "tiny", wfmts, cfg, device)
-        res.add_table("speed", speed)
-        if cfg.arch:
-            model, label = _arch_model(cfg, device)
-            _check_groups(model, arch_fmts)
-            speed += part_speed(model, label, arch_fmts, cfg, device, cfg.arch_decode_tokens, cfg.arch_repeats)
-            del model
+        res.add_table("kernels", [quant.probe(f, device.torch) for f in wfmts])
+        if device.is_cuda:
+            tiny_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+            res.add_table("speed", _gpu_speed(cfg, device, wfmts, arch_fmts, tiny_bytes, res))
+        else:
+            speed = part_speed(lm.model, "tiny", wfmts, cfg, device)
             res.add_table("speed", speed)
+            if cfg.arch:
+                model, label = _arch_model(cfg.arch, cfg.arch_layers, device, cfg.seed)
+                _check_groups(model, arch_fmts)
+                speed += part_speed(model, label, arch_fmts, cfg, device, cfg.arch_decode_tokens, cfg.arch_repeats)
+                del model
+                res.add_table("speed", speed)
         res.add_table("kv_bytes", part_kv_bytes(lm.model, ids, kvfmts, cfg, device))
         res.add_table("kv_quality", part_kv_quality(lm.model, lm.tokenizer, ids, kvfmts, cfg, device))
         res.add_table("kv_fit", kv_fit_rows(kvfmts, cfg.gpu_gb))
         res.note("quality: weights replaced by their quantize-dequantize round trip, compute in FP32 "
                  "(the format's rounding, not a kernel's)")
-        res.note("speed paths: int8pack_mm = torch._weight_int8pack_mm (a real weight-only INT8 kernel); "
-                 "dequantize+FP32 (emul) = INT4/FP8 unpacked every step: not those formats' speed")
+        kernels = res.tables["kernels"].to_dict("records")
+        emul = [r["format"] for r in kernels if r["path"] == quant.EMUL]
+        res.note("kernels checked against the dequantized weights first; " +
+                 (f"emulated on this {device.kind} (dequantize+FP32, not the format's speed): {', '.join(emul)}"
+                  if emul else "every format ran a real kernel"))
+        for r in kernels:
+            if r["why"]:
+                res.note(f"{r['format']}: {r['kernel']} failed its probe, emulated ({r['why']})")
     return res
 
 
-def _arch_model(cfg: Config, device: Device):
+def _arch_model(ref: str, layers: int, device: Device, seed: int):
+    """An arch: shape cut to `layers`, built on the device with random weights (timing only)."""
+    import torch
     from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     from llmlab.core.models import _fill_random, arch_config
 
-    conf = arch_config(cfg.arch.split(":", 1)[1])
-    conf.num_hidden_layers = cfg.arch_layers
-    model = AutoModelForCausalLM.from_config(conf).to(device.torch).eval()
-    _fill_random(model, cfg.seed)
-    return model, f"{cfg.arch} ({cfg.arch_layers} layers)"
+    conf = arch_config(ref.split(":", 1)[1])
+    full, conf.num_hidden_layers = conf.num_hidden_layers, layers
+    with torch.device(device.torch), no_init_weights():
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32).eval()
+    _fill_random(model, seed)
+    model.tie_weights()
+    return model, f"{ref} ({layers} of {full} layers)"
+
+
+# bytes per parameter each format's timed copy holds (QuantLinear keeps the format's tensors; INT4's kernel its own too)
+_COPY_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.1, "fp8-tensor": 1.1, "fp8-channel": 1.1}
+
+
+def gpu_speed_layers(ref: str, formats, free_bytes: int, l2_bytes: int) -> tuple[int, int, bool]:
+    """(layers, full layers, leaves L2 behind) of the GPU speed model: as many layers of `ref` as let the
+    original FP32 model, one FP32 copy in the making and every format's copy fit in GPU_MEMORY_SHARE of
+    the free memory; it leaves L2 behind when the smallest copy's matrices are >= L2_MULTIPLE x L2."""
+    from llmlab.core.flops import Shape
+    from llmlab.core.models import arch_config
+
+    conf = arch_config(ref.split(":", 1)[1])
+    shape = Shape.of(conf)
+    per_layer = sum(k * n for name, k, n, _ in shape.matmuls() if name != "lm_head")
+    fixed = shape.hidden * shape.vocab * (1 if conf.tie_word_embeddings else 2)  # embedding + LM head
+    per_param = 8.0 + sum(_COPY_BYTES.get(f, 1.2) for f in formats)  # 1.2: INT4 values + scales, twice
+    layers = int((GPU_MEMORY_SHARE * free_bytes / per_param - fixed) // per_layer)
+    layers = max(1, min(conf.num_hidden_layers, layers))
+    smallest = min(_COPY_BYTES.get(f, 0.6) for f in formats) * (layers * per_layer + shape.hidden * shape.vocab)
+    return layers, conf.num_hidden_layers, smallest >= L2_MULTIPLE * l2_bytes
+
+
+def _gpu_speed(cfg: Config, device: Device, wfmts, arch_fmts, tiny_bytes: int, res: LabResult) -> list[dict]:
+    """The speed part on a GPU: the formats with a kernel here, on cfg.gpu_arch sized from the free memory and L2."""
+    from llmlab.core.device import last_level_cache_bytes
+    from llmlab.inference import quant
+
+    fmts = list(dict.fromkeys(arch_fmts + [f for f in wfmts if quant.probe(f, device.torch)["path"] != quant.EMUL]))
+    l2 = last_level_cache_bytes(device)
+    layers, full, beyond = gpu_speed_layers(cfg.gpu_arch, fmts, device.free_memory_bytes(), l2)
+    model, label = _arch_model(cfg.gpu_arch, layers, device, cfg.seed)
+    _check_groups(model, fmts)
+    res.note(f"speed part on {device.spec}: {label}, random weights (tiny's {tiny_bytes / 2**20:.0f} MB sit in the GPU's "
+             f"{l2 / 2**20:.0f} MB L2); " + ("its smallest copy is >= 8x the L2" if beyond else
+                                           "even so its smallest copy is < 8x the L2: partly cache-bound"))
+    try:
+        return part_speed(model, label, fmts, cfg, device, cfg.arch_decode_tokens, cfg.arch_repeats)
+    finally:
+        del model
 
 
 def kl_divergence(ref, model, ids, tokens: int, seq_len: int = 256, cache_fmt: str | None = None) -> tuple[float, float]:
@@ -252,7 +317,7 @@ def part_speed(model, label: str, formats, cfg: Config, device: Device, tokens: 
     for fmt in formats:
         m = copy.deepcopy(model)
         paths[fmt] = quant.quantize_linears(m, fmt)
-        wbytes[fmt] = sum(mod.qt.nbytes for mod in m.modules() if isinstance(mod, quant.QuantLinear))
+        wbytes[fmt] = sum(mod.nbytes for mod in m.modules() if isinstance(mod, quant.QuantLinear))  # what the path reads
         models[fmt] = m
     llc = last_level_cache_bytes(device)
     g = torch.Generator().manual_seed(cfg.seed)
@@ -260,13 +325,14 @@ def part_speed(model, label: str, formats, cfg: Config, device: Device, tokens: 
     for b in cfg.batches:
         prompt = torch.randint(0, model.config.vocab_size, (b, cfg.prompt_len), generator=g).to(device.torch)  # (B, S)
         gens: dict[str, list] = {f: [] for f in formats}
-        fns = {f: (lambda f=f, gens=gens, prompt=prompt: gens[f].append(decode.generate(models[f], prompt, tokens or cfg.decode_tokens))) for f in formats}
+        fns = {f: (lambda f=f, gens=gens, prompt=prompt: gens[f].append(  # each step synchronised: the GPU's time
+            decode.generate(models[f], prompt, tokens or cfg.decode_tokens, sync=device.synchronize))) for f in formats}
         timing = interleaved(fns, repeats or cfg.repeats, device)
         for f in formats:
             # tokens/s of the decode steps alone (each Generation times its steps; the prefill is left out)
             tps = summary([b / (sum(gen.step_s) / len(gen.step_s)) for gen in gens[f][1:]]).median
-            rows.append(dict(model=label, format=f, batch=b, path=paths[f],
-                             real_kernel=not paths[f].startswith("dequantize"), linear_bytes=wbytes[f],
+            rows.append(dict(model=label, device=device.kind, format=f, batch=b, path=paths[f],
+                             real_kernel=quant.EMUL not in paths[f], linear_bytes=wbytes[f],
                              fits_in_cache=wbytes[f] <= llc, llc_bytes=llc,
                              call_s=summary(timing.seconds[f]).median, tokens_per_s=tps))
         base = next(r for r in rows if r["format"] == "fp32" and r["batch"] == b and r["model"] == label)
@@ -322,7 +388,7 @@ def part_kv_bytes(model, ids, formats, cfg: Config, device: Device) -> list[dict
                          rel_err_k=math.sqrt(err["k"][0] / err["k"][1]), rel_err_v=math.sqrt(err["v"][0] / err["v"][1])))
     fp8 = next((r for r in rows if r["format"] == "fp8"), None)
     for r in rows:
-        r["x_fp8_bytes"] = r["long_context_bytes_per_token"] / fp8["long_context_bytes_per_token"] if fp8 else None
+        r["x_fp8_bytes"] = r["bytes"] / fp8["bytes"] if fp8 else None  # measured: packed bytes of the same cache
     return rows
 
 
@@ -393,7 +459,7 @@ def judge(result: LabResult) -> list[Claim]:
     kvq = _rows(result, "kv_quality")
     speed = _rows(result, "speed")
 
-    t, e = "FP32 -> FP32 'quantization' is the identity", "loss delta 0, agreement 100%, KL 0, 4 B/param"
+    t, e = "FP32 -> FP32 'quantization' is the identity", "loss delta = 0, agreement = 100%, KL = 0, 32 bits, exactly"
     if w is None or "fp32" not in set(w.format):
         claims.append(_none("quantization.fp32_identity", t, e, result, "weights"))
     else:
@@ -402,7 +468,7 @@ def judge(result: LabResult) -> list[Claim]:
         claims.append(Claim("quantization.fp32_identity", t, e, f"delta {r.loss_delta:.2g}, agreement {r.agreement:.1%}, "
                             f"KL {r.kl:.2g}, {r.bits_per_param:g} bits", bool(ok)))
 
-    t, e = "bytes counted from the tensors equal the formula", "bits x params / 8 + scales, exactly"
+    t, e = "bytes counted from the tensors equal the formula", "packed bytes = bits x params / 8 + scales, exactly, every format"
     tabs = [df for df in (w, kvb) if df is not None]
     if not tabs:
         claims.append(_none("quantization.bytes_match_formula", t, e, result, "weights"))
@@ -413,7 +479,7 @@ def judge(result: LabResult) -> list[Claim]:
                             f"{n - len(bad)} of {n} formats exact" + (f"; off: {', '.join(bad)}" if bad else ""), not bad))
 
     t = "INT8 weights halve BF16's memory at a small loss cost"
-    e = f"<= {INT8_BYTES_MAX}x BF16 bytes, loss delta <= {INT8_LOSS_MAX} nats"
+    e = f"<= {INT8_BYTES_MAX}x BF16's bytes, |loss delta| <= {INT8_LOSS_MAX} nats"
     if w is None or "int8" not in set(w.format):
         claims.append(_none("quantization.int8_halves_memory", t, e, result, "weights"))
     else:
@@ -422,7 +488,7 @@ def judge(result: LabResult) -> list[Claim]:
                             f"{r.x_bf16:.3f}x BF16, loss delta {r.loss_delta:+.4f}, agreement {r.agreement:.1%}",
                             bool(r.x_bf16 <= INT8_BYTES_MAX and abs(r.loss_delta) <= INT8_LOSS_MAX)))
 
-    t, e = "INT4 group-wise weights keep perplexity within a few %", f"best INT4: perplexity +<= {INT4_PPL_MAX:.0%}"
+    t, e = "INT4 group-wise weights keep perplexity within a few %", f"the best INT4 format's perplexity delta <= +{INT4_PPL_MAX:.0%}"
     int4 = w[w.format.str.startswith("int4")] if w is not None else None
     if int4 is None or int4.empty:
         claims.append(_none("quantization.int4_perplexity", t, e, result, "weights"))
@@ -434,7 +500,7 @@ def judge(result: LabResult) -> list[Claim]:
                             note="a 5M-parameter model has little redundancy; the papers measure 7B+ models"))
 
     t = "decode speed-up tracks the weight bytes ratio (memory-bound)"
-    e = f">= {TRACK_FRACTION:.0%} of the bytes ratio, real kernels, batch 1"
+    e = f"speed-up >= {TRACK_FRACTION:.0%} x bytes ratio: real kernels, smallest batch, the model with most bytes"
     sp = speed[(speed.format != "fp32") & speed.real_kernel & (speed.batch == speed.batch.min())] if speed is not None else None
     if sp is None or sp.empty:
         claims.append(_none("quantization.speedup_tracks_bytes", t, e, result, "speed"))
@@ -443,23 +509,22 @@ def judge(result: LabResult) -> list[Claim]:
         big = sp[sp.model == big.model.iloc[0]]
         frac = big.speedup / big.bytes_ratio
         worst = big.loc[frac.idxmin()]
-        cached = bool(big.fits_in_cache.all())
+        holds = bool((frac >= TRACK_FRACTION).all())
         claims.append(Claim("quantization.speedup_tracks_bytes", t, e,
-                            f"{worst.format}: {worst.speedup:.2f}x for {worst.bytes_ratio:.1f}x fewer bytes ({worst.model})",
-                            bool((frac >= TRACK_FRACTION).all()),
-                            note=("the weights fit in the CPU cache: decode is not bound by DRAM bytes" if cached else
-                                  "beyond the cache too: this device's kernels do not turn fewer bytes into speed")))
+                            f"{worst.format}: {worst.speedup:.2f}x for {worst.bytes_ratio:.1f}x fewer bytes ({worst.model}, "
+                            f"batch {int(worst.batch)})", holds, note=_speed_note(big, holds)))
 
-    t, e = "NVFP4 KV roughly halves FP8's KV memory (NVIDIA)", f"<= {NVFP4_FP8_MAX}x FP8 bytes per token (article: -50%)"
+    t = "NVFP4 KV roughly halves FP8's KV memory (NVIDIA)"
+    e = f"NVFP4 / FP8 bytes counted from the packed tensors of one cache <= {NVFP4_FP8_MAX} (article: -50%)"
     if kvb is None or not {"fp8", "nvfp4"} <= set(kvb.format):
         claims.append(_none("quantization.nvfp4_kv_vs_fp8", t, e, result, "kv_bytes"))
     else:
-        k = kvb.set_index("format")
-        x = k.loc["nvfp4", "long_context_bytes_per_token"] / k.loc["fp8", "long_context_bytes_per_token"]
+        x = _nvfp4_over_fp8(kvb)
         claims.append(Claim("quantization.nvfp4_kv_vs_fp8", t, e, f"{x:.4f}x -> {1 / x:.2f}x the tokens in the same memory",
                             bool(x <= NVFP4_FP8_MAX), note="the E4M3 scale per 16 values adds 1/16 B per value"))
 
-    t, e = "NVFP4 KV costs < 1% accuracy (NVIDIA)", f"perplexity +< {NVFP4_PPL_MAX:.0%} (our proxy for accuracy)"
+    t = "NVFP4 KV costs < 1% accuracy (NVIDIA)"
+    e = f"perplexity delta < +{NVFP4_PPL_MAX:.0%} (NVFP4 K, V in the cache; a proxy)"
     if kvq is None or "nvfp4" not in set(kvq.format):
         claims.append(_none("quantization.nvfp4_kv_quality", t, e, result, "kv_quality"))
     else:
@@ -471,15 +536,38 @@ def judge(result: LabResult) -> list[Claim]:
     return claims
 
 
+def _nvfp4_over_fp8(kvb) -> float:
+    """NVFP4 / FP8 bytes of the same cache, as counted from the packed tensors (the `bytes` column)."""
+    k = kvb.set_index("format")
+    return float(k.loc["nvfp4", "bytes"] / k.loc["fp8", "bytes"])
+
+
+def _where(speed) -> tuple[str, str]:
+    """(the device's cache, its memory) in words, from the speed table's device column."""
+    gpu = "device" in speed and (speed.device == "cuda").any()
+    return ("the GPU's L2", "HBM") if gpu else ("the CPU's cache", "DRAM")
+
+
+def _speed_note(rows, holds: bool) -> str:
+    cache, memory = _where(rows)
+    if rows.fits_in_cache.all():
+        return f"the weights fit in {cache}: decode is not bound by {memory} bytes"
+    return (f"beyond {cache}: fewer bytes from {memory}, and " +
+            ("the kernels turn them into speed" if holds else "this device's kernels do not turn them into speed"))
+
+
 def headline(result: LabResult, claims: list[Claim]) -> str:
-    w, kvb = _rows(result, "weights"), _rows(result, "kv_bytes")
+    w, kvb, speed = _rows(result, "weights"), _rows(result, "kv_bytes"), _rows(result, "speed")
     if w is None or kvb is None or "int8" not in set(w.format) or not {"fp8", "nvfp4"} <= set(kvb.format):
         return ""
     r = w.set_index("format").loc["int8"]
-    k = kvb.set_index("format")
-    x = k.loc["fp8", "long_context_bytes_per_token"] / k.loc["nvfp4", "long_context_bytes_per_token"]
-    return (f"INT8 weights took {r.x_bf16:.2f}x BF16's bytes for a loss delta of {r.loss_delta:+.4f} nats; NVFP4 "
-            f"KV holds {x:.2f}x FP8's tokens. Speed on a CPU follows the kernel, not the bytes.")
+    text = (f"INT8: {r.x_bf16:.2f}x BF16's bytes, loss delta {r.loss_delta:+.4f} nats; NVFP4 KV: "
+            f"{1 / _nvfp4_over_fp8(kvb):.2f}x FP8's tokens.")
+    verdict = next((c.holds for c in claims if c.id == "quantization.speedup_tracks_bytes"), None)
+    if speed is None or verdict is None:
+        return text
+    on = "a GPU" if _where(speed)[1] == "HBM" else "a CPU"
+    return text + (f" Decode on {on} tracked the bytes." if verdict else f" Decode on {on} followed the kernel, not the bytes.")
 
 
 def views(result: LabResult) -> list[View]:
@@ -494,7 +582,7 @@ def views(result: LabResult) -> list[View]:
         View("2. Decode speed", "Tokens/s per format, batch 1 and 16: does the speed-up track the bytes?", "speed",
              (Col("model", "model", width=14), Col("format", "format", width=14), Col("batch", "B", "int"),
               Col("tokens_per_s", "tok / s", "int"), Col("speedup", "x FP32", "x"), Col("bytes_ratio", "bytes / FP32", "x"),
-              Col("path", "path", width=22)), max_rows=30),
+              Col("path", "path", width=28)), max_rows=30),
         View("3. KV cache formats: bytes and error", "Bytes per token of tiny's real cache, against the formula?",
              "kv_bytes", (Col("format", "format"), Col("bytes_per_token", "B / token", ".1f"),
                           Col("bytes_match", "= formula"), Col("x_fp8_bytes", "x FP8", ".3f"),
