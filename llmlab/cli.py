@@ -349,7 +349,7 @@ def _tiny_summary(metrics: dict) -> None:
 @tiny_app.command("train")
 def tiny_train(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for tiny/, tiny-draft/, MODEL_CARD.md, metrics.json.")] = Path("tiny-pair"),
-    minutes: Annotated[Optional[float], typer.Option(min=0.1, help="Wall-clock budget for both models; steps are sized from a timed trial step. Default: the shipped run's fixed steps.", show_default=False)] = None,
+    minutes: Annotated[Optional[float], typer.Option(min=0.1, help="Wall-clock budget for both models (the target gets 80 %): steps are sized from a timed trial step and re-sized from the real pace every 50 steps until the LR decay starts. Default: the shipped run's fixed steps.", show_default=False)] = None,
     target_steps: Annotated[Optional[int], typer.Option(min=1, help="Steps for tiny (default: the shipped run's).", show_default=False)] = None,
     draft_steps: Annotated[Optional[int], typer.Option(min=1, help="Distillation steps for tiny-draft (default: the shipped run's).", show_default=False)] = None,
     seed: SeedOpt = 0,
