@@ -188,3 +188,18 @@ def test_bad_input_exits_2_with_one_line(args, cli):
     p = cli("serving", "--quick", "--device", "cpu", "--no-save", *args)  # refused before the lab loads anything
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), p.stderr
+
+
+def test_on_cuda_the_default_tiny_becomes_the_gpu_arch_and_says_so(model, monkeypatch):
+    import llmlab.core.device as D
+
+    monkeypatch.setattr(S, "_dtype", lambda d: torch.bfloat16)
+    monkeypatch.setattr(S, "arch_model", lambda name, d, dt: (model, f"arch:{name} x1 layers (random weights)"))
+    monkeypatch.setattr(D, "last_level_cache_bytes", lambda d: 50 * 10**6)  # an H200's L2
+
+    class Gpu:
+        is_cuda = True
+
+    _, about = S.speed_model(S.Config.quick(), Gpu())
+    assert about["model"] == "arch:llama-3-8b x1 layers (random weights)" and about["cache"] == "L2"
+    assert about["dtype"] == "bfloat16" and about["cache_MB"] == 50
