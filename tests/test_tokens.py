@@ -305,3 +305,11 @@ def test_judge_and_headline_survive_tables_cut_mid_sweep(rows):
     assert "tokens.roundtrip" in {c.id for c in claims} and "tokens.english_cheapest" not in {c.id for c in claims}
     assert ("tokens.vocab_cost_is_the_head" in {c.id for c in claims}) is (rows >= 2)
     L.headline(res, claims)
+
+
+def test_figures_plot_the_vocabulary_sweep():
+    figs = L.figures(_fixture())
+    assert len(figs) == 1 and len(figs[0][1].axes[0].lines) == 3
+    res = _fixture()
+    del res.tables["vocab"]
+    assert L.figures(res) == []

@@ -657,3 +657,24 @@ def _vocab_units(df: pd.DataFrame) -> pd.DataFrame:
     df["embed_B"] = (df.embed_B + df.head_B) / 2**20
     df["logits_B_per_token"] = df.logits_B_per_token / 1024
     return df
+
+
+def figures(result: LabResult) -> list[tuple[str, object]]:
+    """The HTML report's plot: the LM head's share of a decode step vs V, measured and by the weights' formula."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = result.tables.get("vocab")
+    if empty_table(df):
+        return []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(df.vocab, 100 * df.head_share, "o-", label="measured (head / step time)")
+    ax.plot(df.vocab, 100 * df.formula_share, "s--", label="formula d V / (d V + body), layers run")
+    ax.plot(df.vocab, 100 * df.formula_share_full, ":", label="formula, the full model's layers")
+    ax.set(xlabel="vocabulary size V", ylabel="LM head share of a decode step (%)", ylim=(0, 100))
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return [("The LM head's share of a decode step grows with the vocabulary", fig)]
