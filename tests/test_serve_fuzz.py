@@ -81,7 +81,7 @@ def normal_request_succeeds(client: httpx.Client) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(request=requests)
 def test_any_json_request_is_answered_without_a_5xx(server, request):
     route, body = request
@@ -90,7 +90,7 @@ def test_any_json_request_is_answered_without_a_5xx(server, request):
     normal_request_succeeds(server)
 
 
-@settings(max_examples=len(raw_text.elements) * 2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=len(raw_text.elements) * 2, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(route=routes, raw=raw_text)
 def test_any_raw_body_is_answered_without_a_5xx(server, route, raw):
     assert 400 <= send(server, route, raw) < 500
