@@ -194,6 +194,8 @@ def test_gpu_check_records_labs_past_the_budget_as_not_run(tmp_path, monkeypatch
     monkeypatch.setattr(gpucheck, "lab_argv", lambda lab, device, out: [sys.executable, str(script), lab, str(out)])
     got = gpucheck.gpu_check(["works", "late"], "cpu", tmp_path, budget_s=5, skip=("serve", "probe"), echo=lambda *_: None)
     assert [r["exit"] for r in got["labs"]] == ["not run", "not run"] and "budget" in got["labs"][0]["error"]
+    text = gpucheck.summary_text(got["labs"], "cpu", "now")
+    assert "late              not run: the labs' 5 s" in text and "labs: 0 ran, 0 failed, 2 not run (time budget)" in text
     assert got["serve"] is None and got["kernels"] is None
     monkeypatch.setattr(gpucheck, "serve_check", lambda device, log_dir: SERVE_ROW)
     monkeypatch.setattr(gpucheck, "probe_subprocess", lambda device: PROBE_ROWS)

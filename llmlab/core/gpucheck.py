@@ -367,6 +367,8 @@ def probe_subprocess(device: str, timeout_s: float = 120) -> list[dict]:
 
 
 def lab_line(r: dict) -> str:
+    if r["exit"] == "not run":
+        return f"{r['lab']:<18}not run: {r.get('error', '')}"
     if r["exit"] != 0:
         return f"{r['lab']:<18}FAILED (exit {r['exit']}, {r['seconds']:.0f} s): {r.get('error', '')}"[:160]
     n = [str(r[k]) if k in r else "-" for k in ("held", "not held", "not measured")]
@@ -384,8 +386,10 @@ def summary_text(rows: list[dict], device: str, started: str, serve: dict | None
     for p in probes or []:
         lines.append(f"kernel    {p['kernel']:<22}{p['status']}: {p.get('detail', '')}"[:160])
     tot = {k: sum(r.get(k, 0) for r in rows) for k in ("held", "not held", "not measured")}
+    skipped = [r for r in crashed if r["exit"] == "not run"]
     lines.append(f"claims: {tot['held']} held, {tot['not held']} not held, {tot['not measured']} not measured; "
-                 f"labs: {len(rows) - len(crashed)} ran, {len(crashed)} failed")
+                 f"labs: {len(rows) - len(crashed)} ran, {len(crashed) - len(skipped)} failed"
+                 + (f", {len(skipped)} not run (time budget)" if skipped else ""))
     return "\n".join(lines)
 
 
