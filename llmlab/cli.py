@@ -707,7 +707,7 @@ _TPD, _TPQ = _TP(), _TP.quick()
 
 @app.command("tensor-parallel", rich_help_panel=LABS)
 def tensor_parallel(
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help=f"Ranks = the TP degree (>= 2; one per GPU on CUDA). Default {_TPD.nproc}.", show_default=False)] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help=f"Ranks = the TP degree (>= 2; one per GPU on CUDA, from --gpu N on; with fewer GPUs and --backend auto the ranks run on gloo over the CPU). Default {_TPD.nproc}.", show_default=False)] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help="auto (nccl on CUDA, gloo on the CPU) | gloo | nccl.", show_default=False)] = None,
     timeout_s: Annotated[Optional[float], typer.Option("--timeout-s", help=f"Seconds before a rank still running is declared hung (exit 3). Default {_TPD.timeout_s:g} ({_TPQ.timeout_s:g} with --quick).", show_default=False)] = None,
     fit_context: Annotated[Optional[int], typer.Option("--fit-context", help=f"Part 4: tokens per sequence. Default {_TPD.fit_context}.", show_default=False)] = None,
