@@ -249,7 +249,7 @@ def test_tp1_step_pays_the_same_device_syncs_as_tp2(monkeypatch):
 def test_link_spec_tables():
     assert lab.nvlink_spec([4] * 18) == ("NVLink 4 x18", 450.0)  # H100 / H200
     assert lab.nvlink_spec([5] * 18) == ("NVLink 5 x18", 900.0)  # B200: 50 GB/s per link per direction
-    assert lab.nvlink_spec([9]) == ("NVLink 9 x1", None)  # a version not in the table: unknown, not a guess
+    assert lab.nvlink_spec([9]) == ("NVLink x1 (generation unknown)", None)  # not in the table: unknown, not a guess
     assert lab.pcie_spec(4, 16) == ("PCIe 4 x16", pytest.approx(31.5, abs=0.1))
     assert lab.pcie_spec(1, 16)[1] == 4.0 and lab.pcie_spec(2, 16)[1] == 8.0  # gen 1-2: numbers, not NaN
     assert lab.pcie_spec(7, 16)[1] is None
@@ -303,6 +303,24 @@ def test_link_is_read_from_the_ranks_own_gpu_by_uuid_at_its_max_pcie(monkeypatch
     (row,) = lab.gpu_link_rows(0)
     assert row["link"] == "PCIe 5 x16 (spec)" and row["spec_GBps"] == pytest.approx(63.0, abs=0.1)  # board b, max gen
     assert row["nvml"] == "uuid GPU-b" and fake.by_index == []  # never by index
+
+
+def test_nvlink_spec_follows_the_gpus_architecture(monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    fake = _FakeNvml()
+    fake.nvmlDeviceGetNvLinkState = lambda h, i: 1  # 18 active links
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="b"))
+    for cc, spec in (((9, 0), 450.0), ((10, 0), 900.0), ((8, 0), 450.0)):  # H100/H200, B200, A100 (12 links on a real one)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i, cc=cc: cc)
+        (row,) = lab.gpu_link_rows(0)
+        assert row["spec_GBps"] == spec and row["link"].endswith("x18 (spec)"), (cc, row)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (12, 0))  # an architecture not in the table
+    assert lab.gpu_link_rows(0)[0]["spec_GBps"] is None
 
 
 def test_nic_row_reads_the_port_rate_from_sysfs(tmp_path):

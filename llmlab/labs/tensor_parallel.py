@@ -9,9 +9,10 @@
    GPUs (nccl-tests' range: NVLink busbw plateaus near 256 MiB-1 GiB): time, algbw and busbw as
    nccl-tests defines them (NVIDIA/nccl-tests, doc/PERFORMANCE.md: algbw = S/t; busbw = algbw x
    2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter). On GPUs busbw is compared
-   with each rank's link spec read from NVML through that rank's own device UUID (NVLink links x
-   the per-direction rate of its version: 20 GB/s NVLink 1, 25 GB/s NVLink 2-4, 50 GB/s NVLink 5; or
-   the maximum PCIe generation x width, not the current one, which drops at idle); on the CPU gloo
+   with each rank's link spec read from NVML through that rank's own device UUID (active NVLink links
+   x the per-direction rate of the GPU's NVLink generation, which its architecture fixes: 20 GB/s
+   NVLink 1, 25 GB/s NVLink 2-4, 50 GB/s NVLink 5; or the maximum PCIe generation x width, not
+   the current one, which drops at idle); on the CPU gloo
    runs over loopback TCP and has no link spec. Across nodes (torchrun) the sweep also runs on the
    ranks of one node (NVLink/PCIe) and on one rank per node (the network), each with its own spec
    (the node's InfiniBand or Ethernet port rate from sysfs).
@@ -389,13 +390,18 @@ NVLINK_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
 # 8 / 16 / 32 GT/s with 128b/130b (gen 3-5), 64 GT/s PAM4 with FLIT (gen 6)
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 NVLINK_MAX = 18  # links per GPU on an H100/H200/B200
+# The NVLink generation of a GPU follows its architecture (compute capability major): Pascal 1, Volta 2, Ampere 3,
+# Hopper 4, Blackwell 5. NVML's nvmlDeviceGetNvLinkVersion is not used for it: across drivers it returns either
+# the version or an nvmlNvlinkVersion_t code (3.0 -> 4, 4.0 -> 6), and 5 would mean NVLink 5 or NVLink 3.1.
+NVLINK_GEN_BY_CC = {6: 1, 7: 2, 8: 3, 9: 4, 10: 5}
 
 
 def nvlink_spec(versions: list[int]) -> tuple[str, float | None]:
     """(label, GB/s per direction) for the active NVLink links' versions; None where a version is not in the table."""
     rates = [NVLINK_GBPS.get(v) for v in versions]
-    label = f"NVLink {max(versions)} x{len(versions)}"
-    return (label, None) if None in rates else (label, sum(rates))
+    if None in rates:
+        return f"NVLink x{len(versions)} (generation unknown)", None
+    return f"NVLink {max(versions)} x{len(versions)}", sum(rates)
 
 
 def pcie_spec(gen: int, width: int) -> tuple[str, float | None]:
@@ -407,20 +413,21 @@ def pcie_spec(gen: int, width: int) -> tuple[str, float | None]:
 def gpu_link_rows(index: int) -> list[dict]:
     """This rank's GPU (cuda:index, found in NVML by UUID: right under CUDA_VISIBLE_DEVICES) and its link spec."""
     import pynvml as nv  # noqa: PLC0415  (only on CUDA)
+    import torch
 
     from llmlab.core.device import nvml_handle
 
     nv.nvmlInit()
     h, how = nvml_handle(nv, index)
-    versions = []
+    links = 0
     for i in range(NVLINK_MAX):
         try:
-            if nv.nvmlDeviceGetNvLinkState(h, i) == 1:
-                versions.append(int(nv.nvmlDeviceGetNvLinkVersion(h, i)))
+            links += nv.nvmlDeviceGetNvLinkState(h, i) == 1
         except nv.NVMLError:
             break
-    if versions:
-        label, spec = nvlink_spec(versions)
+    if links:
+        gen = NVLINK_GEN_BY_CC.get(torch.cuda.get_device_capability(index)[0], 0)
+        label, spec = nvlink_spec([gen] * links)
     else:  # the maximum link, not the current one: PCIe drops generation and width at idle
         label, spec = pcie_spec(nv.nvmlDeviceGetMaxPcieLinkGeneration(h), nv.nvmlDeviceGetMaxPcieLinkWidth(h))
     return [dict(scope="intra-node", device=f"cuda:{index}", nvml=how, link=label + " (spec)", spec_GBps=spec)]
