@@ -85,6 +85,15 @@ def test_make_install_on_a_gpu_machine_checks_cuda_and_the_floor(tmp_path):
     assert "--install-check" not in cpu_recipe and "pip install -q torch==2.13.0" in cpu_recipe
 
 
+def test_pip_index_runs_before_torch_is_installed():
+    # make install asks for the index before torch is there: the module must not import torch for it
+    code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv = ['gpucheck', '--pip-index']; "
+            "runpy.run_module('llmlab.core.gpucheck', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "" or p.stdout.startswith("--index-url https://download.pytorch.org/whl/cu"), p.stdout
+
+
 @pytest.mark.skipif(not shutil.which("make"), reason="no make on this machine")
 @pytest.mark.parametrize("version, cuda, replaced", [("2.13.0+cpu", None, True), ("2.6.0+cu124", "12.4", True),
                                                      ("2.9.1+cu128", "12.8", False), ("2.13.0+cu130", "13.0", False)])
