@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +91,7 @@ class Config:
     window: int = 5  # co-occurrence: within 5 tokens either side (a short clause)
     cooc_ratio: float = 2.0  # related by co-occurrence: at least 2x the count independence predicts
     cooc_min: int = 3  # ... and seen together at least 3 times (one chance meeting is not a relation)
-    corpus_chars: int = 400_000  # held-out corpus text read (all of it, ~300 k characters): seconds to encode
+    corpus_chars: int = 400_000  # held-out corpus text read: more than its ~300 k characters, so all of it
     permutations: int = 10_000  # sign flips of the permutation test (p resolves down to 1e-4)
     shape: str = "arch:llama-3.2-1b"  # the Llama shape whose vocabulary is swept (d = 2048), untied, random weights
     vocab_sizes: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072, 262144)  # 4k .. 256k (Gemma's)
@@ -376,6 +377,11 @@ def sweep_layers(cfg: Config, device: Device, dtype_bytes: int) -> int:
     return max(cfg.layers, math.ceil(cfg.llc_multiple * last_level_cache_bytes(device) / layer_bytes(cfg, dtype_bytes)))
 
 
+def sweep_dtype(device: Device) -> torch.dtype:
+    """BF16 on a GPU (what serving runs), FP32 on a CPU (no fast BF16 matmul on most)."""
+    return torch.bfloat16 if device.is_cuda else torch.float32
+
+
 def build(conf, device: Device, dtype: torch.dtype, seed: int):
     """LlamaForCausalLM at random weights (N(0, 0.02), norms 1), in eval mode on the device."""
     from transformers import LlamaForCausalLM
@@ -403,7 +409,7 @@ def vocab_row(conf, cfg: Config, device: Device) -> dict:
     """Bytes counted from the tensors, and a decode step against the LM head alone, timed in turns."""
     from llmlab.inference import decode
 
-    dtype = torch.bfloat16 if device.is_cuda else torch.float32
+    dtype = sweep_dtype(device)
     model = build(conf, device, dtype, cfg.seed)
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     v, d, b = conf.vocab_size, conf.hidden_size, emb.element_size()
@@ -432,20 +438,17 @@ def vocab_row(conf, cfg: Config, device: Device) -> dict:
     return row
 
 
-def vocab_rows(cfg: Config, device: Device, progress=None) -> tuple[list[dict], int]:
+def vocab_rows(cfg: Config, device: Device, layers: int, progress=None) -> Iterator[dict]:
+    """One row per vocabulary size, as it is measured (a Ctrl-C keeps the sizes done)."""
     from llmlab.core.models import load_config, shape
 
-    dtype_bytes = 2 if device.is_cuda else 4
-    layers = sweep_layers(cfg, device, dtype_bytes)
     full = shape(load_config(cfg.shape))
-    rows = []
     for v in track(progress, cfg.vocab_sizes, "vocabulary: bytes and a timed decode step"):
         row = vocab_row(shape_config(cfg, v, layers), cfg, device)
         per_layer = row["body_params"] // layers
         row["full_layers"] = full["layers"]
         row["formula_share_full"] = row["hidden"] * v / (row["hidden"] * v + full["layers"] * per_layer)
-        rows.append(row)
-    return rows, layers
+        yield row
 
 
 # ---------------------------------------------------------------- run
@@ -485,17 +488,18 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
             nb += neighbour_rows(emb, lm.tokenizer, ref, ids, cfg, progress)
             res.env.setdefault("corpus_tokens", {})[ref] = len(ids)
             del lm
-        res.add_table("neighbours", nb)
-        nbdf = pd.DataFrame(nb)
-        res.add_table("embedding_test", embedding_summary(nbdf, cfg))
-        res.add_table("examples", example_rows(nbdf))
+            res.add_table("neighbours", nb)
+            res.add_table("embedding_test", embedding_summary(res.tables["neighbours"], cfg))
+            res.add_table("examples", example_rows(res.tables["neighbours"]))
         n = res.env["corpus_tokens"][cfg.models[0]]
         res.note(f"related = the same word up to case and leading space, a shared stem (4+ letters), or within "
                  f"+-{cfg.window} tokens >= {cfg.cooc_min} times and >= {cfg.cooc_ratio:g}x chance in {n:,} tokens of "
-                 "held-out documents the models never trained on")
-        rows, layers = vocab_rows(cfg, device, progress)
-        res.add_table("vocab", rows)
-        res.env["vocab_layers"] = layers
+                 "held-out documents of the built-in corpus (tiny and tiny-draft never trained on them)")
+        layers = res.env["vocab_layers"] = sweep_layers(cfg, device, sweep_dtype(device).itemsize)
+        rows = []
+        for row in vocab_rows(cfg, device, layers, progress):
+            rows.append(row)
+            res.add_table("vocab", rows)
         res.note(f"part 3 is {cfg.shape}'s layer shape cut to {layers} layers, untied head, random weights: a timing "
                  "and a byte count, not a quality claim")
     return res
