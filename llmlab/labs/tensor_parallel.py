@@ -622,8 +622,11 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
     if st is None or not (st.tp > 1).any():
         return ""
     r = st[st.tp > 1].iloc[0]
-    split = (f": {r.aligned_comm_share:.0%} in the all-reduces themselves (ranks aligned by a barrier first) and "
-             f"{r.wait_share:.0%} waiting for the slower rank" if "wait_share" in r else "")
+    split = ""
+    if "wait_share" in r:
+        wait = (f"{r.wait_share:.0%} waiting for the slower rank" if r.wait_share >= 0 else
+                "no measurable wait for the slower rank (aligned, they took longer)")
+        split = f": {r.aligned_comm_share:.0%} in the all-reduces themselves (ranks aligned by a barrier first) and {wait}"
     tp = result.env.get("tp", {})
     where = f" across {tp['nodes']} nodes" if tp.get("nodes", 1) > 1 else ""
     cpu = " (on gloo over the CPU: fewer GPUs than ranks)" if tp.get("plan_note") else ""
