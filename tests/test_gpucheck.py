@@ -120,6 +120,12 @@ def test_preflight_on_a_cpu_torch_is_one_line_that_says_what_to_install(monkeypa
     line = gpucheck.preflight("cuda", smi_text=lambda: SMI_128)  # a driver, but a CPU torch: the pip command
     assert "CPU build" in line and "whl/cu128" in line
     assert gpucheck.preflight("cpu") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "__version__", "2.7.1+cu126")  # sees the GPU, no nvidia-smi, below the floor
+    line = gpucheck.preflight("cuda", smi_text=lambda: None)
+    assert "older than llmlab's floor 2.9" in line and "'torch>=2.9'" in line
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
+    assert gpucheck.preflight("cuda", smi_text=lambda: None) is None  # torch can use CUDA: go on
 
 
 def _no_gpu_env() -> dict:

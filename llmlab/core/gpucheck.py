@@ -141,6 +141,9 @@ def preflight(device: str, smi_text=nvidia_smi_text) -> str | None:
     except ImportError:
         return "gpu-check: torch is not installed; run make install"
     smi = smi_text()
+    if _ver(torch.__version__) < _ver(TORCH_FLOOR):  # also where nvidia-smi is missing (a container may lack it)
+        cuda = driver_versions(smi)[1] if smi else None
+        return f"gpu-check: torch {torch.__version__} is older than llmlab's floor {TORCH_FLOOR}; fix: {pip_fix(cuda)}"
     hint = install_hint(smi)
     if hint:
         return f"gpu-check: {hint}"
