@@ -169,6 +169,7 @@ def test_vocab_row_bytes_equal_the_formula_and_body_is_counted_from_the_config()
     assert row["body_params"] * 4 == L.layer_bytes(cfg, 4)  # tensors counted = the config's formula
     assert row["formula_share"] == pytest.approx(d * 512 / (d * 512 + row["body_params"]))
     assert row["step_flops"] == 2 * (d * 512 + row["body_params"]) and 0 < row["head_share"] < 1
+    assert row["head_GBps"] == pytest.approx(row["head_B"] / (row["head_ms"] / 1e3) / 1e9)  # the head's bytes / its time
 
 
 def test_layers_on_cuda_come_from_the_device_l2(monkeypatch):

@@ -433,7 +433,8 @@ def vocab_row(conf, cfg: Config, device: Device) -> dict:
                logits_B_per_token=logits[0, -1].numel() * logits.element_size(), formula_logits_B_per_token=v * b,
                body_params=body, head_flops=2 * d * v, step_flops=2 * (d * v + body),
                step_ms=1e3 * step.median, step_ms_p10=1e3 * step.p10, step_ms_p90=1e3 * step.p90,
-               head_ms=1e3 * head_s.median, head_share=float(np.median(shares)),
+               head_ms=1e3 * head_s.median, head_GBps=head.untyped_storage().nbytes() / head_s.median / 1e9,
+               head_share=float(np.median(shares)),
                formula_share=d * v / (d * v + body))
     return row
 
