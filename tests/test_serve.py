@@ -517,10 +517,9 @@ def test_serve_rejects_a_bad_dtype_and_a_missing_gpu_with_one_line(cli):
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_dtype_auto_and_the_kv_pool_sized_from_free_memory(monkeypatch):
+def test_dtype_auto_is_bf16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch):
     import torch
 
-    from llmlab.core.models import load_config
     from llmlab.serving.server import launch
 
     assert launch.resolve_dtype("auto", "cpu") == "float32" and launch.resolve_dtype("bfloat16", "cpu") == "bfloat16"
@@ -528,36 +527,37 @@ def test_dtype_auto_and_the_kv_pool_sized_from_free_memory(monkeypatch):
     assert launch.resolve_dtype("auto", "cuda") == "bfloat16"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert launch.resolve_dtype("auto", "cuda") == "float16"
-    cfg = load_config("tiny")
-    per_block = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
-    assert launch.kv_block_bytes(cfg, 16, 2) == per_block
-    gib = 2**30
-    reserve = launch.activation_reserve(cfg, 512)
-    n = launch.kv_blocks_from_memory(cfg, 16, 2, free=100 * gib, total=140 * gib, utilization=0.9, max_num_batched_tokens=512)
-    assert n == int((100 * gib - 0.1 * 140 * gib - reserve) // per_block)  # vLLM's rule: keep (1 - u) of the card
-    assert launch.kv_blocks_from_memory(cfg, 16, 2, free=10 * gib, total=140 * gib, utilization=0.9, max_num_batched_tokens=512) == 0
 
 
-def test_the_pool_on_cuda_comes_from_mem_get_info(monkeypatch):
+def test_the_pool_on_cuda_is_what_the_served_gpus_free_memory_holds(monkeypatch):
+    import math
+    import types
+
     import torch
 
     from llmlab.core.device import Device
     from llmlab.core.errors import UsageError
     from llmlab.core.models import load
+    from llmlab.serving.engine import kv_bytes_per_block, step_reserve_bytes
     from llmlab.serving.server import launch
 
-    lm = load("tiny", "cpu")
-    seen = []
+    model = load("tiny", "cpu").model
+    gib, asked = 2**30, []
+    free = [8 * gib]
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: seen.append(d) or (8 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=None: asked.append(i) or (free[0], 16 * gib))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=None: asked.append(i) or types.SimpleNamespace(total_memory=16 * gib))
     dev = Device("cuda:1")
-    n = launch.size_pool(lm, dev, None, 16, 0.9, 512)
-    assert seen == [dev.torch]  # the GPU it serves on, not cuda:0
-    assert n == launch.kv_blocks_from_memory(lm.config, 16, 4, 8 * 2**30, 16 * 2**30, 0.9, 512) > 0
-    assert launch.size_pool(lm, dev, 77, 16, 0.9, 512) == 77 and launch.size_pool(lm, Device("cpu"), None, 16, 0.9, 512) == 1024
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (1 * 2**30, 16 * 2**30))
-    with pytest.raises(UsageError, match="no room for a KV cache"):
-        launch.size_pool(lm, dev, None, 16, 0.9, 512)
+    n = launch.size_pool(model, dev, None, 16, 0.9, 64, 512)
+    assert set(asked) == {1}  # the GPU it serves on, not cuda:0
+    ctx = model.config.max_position_embeddings
+    budget = 0.9 * 16 * gib - (16 * gib - 8 * gib) - step_reserve_bytes(model, 64, 512, ctx)  # vLLM's rule
+    assert n == math.floor(budget / kv_bytes_per_block(model, 16)) > 0
+    assert launch.size_pool(model, dev, 77, 16, 0.9, 64, 512) == 77  # --kv-blocks wins
+    assert launch.size_pool(model, Device("cpu"), None, 16, 0.9, 64, 512) == launch.CPU_KV_BLOCKS
+    free[0] = 1 * gib  # 0.9 x 16 GiB already taken by others and the weights: no room
+    with pytest.raises(UsageError, match="cuda:1"):
+        launch.size_pool(model, dev, None, 16, 0.9, 64, 512)
 
 
 def test_an_engine_fault_fails_its_batch_alone_and_the_engine_goes_on():

@@ -2,10 +2,11 @@
 
 Rules:
 - dtype `auto` is BF16 on a GPU (FP16 where the GPU has no BF16), FP32 on the CPU; the exactness
-  check's tolerance follows the dtype (a half-precision forward differs from HF's by rounding).
-- The KV pool: `--kv-blocks` when given; else on CUDA what the free memory leaves after the
-  weights, an activation reserve and (1 - gpu_memory_utilization) of the card (as vLLM sizes it);
-  on the CPU 1,024 blocks.
+  check's tolerance follows the dtype (`engine.exact_atol`: a half-precision forward differs from
+  HF's by rounding).
+- The KV pool: `--kv-blocks` when given; else on CUDA what `engine.num_blocks_for_memory` leaves
+  after the weights and one step's reserve within gpu_memory_utilization of the card (as vLLM
+  sizes it); on the CPU 1,024 blocks (the machine's RAM is shared with everything else).
 - All torch work runs on one thread (see async_engine.py), the model load included.
 - The API key is never printed or logged: the start line says only whether one is required.
 """
@@ -15,14 +16,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 CPU_KV_BLOCKS = 1024  # 16 K tokens: for tiny 96 MiB in FP32, plenty for 2-core CPU loads
-CHECK_ATOL = {"float32": 1e-4, "float16": 5e-2, "bfloat16": 2.5e-1}  # max |logit diff| vs HF: FP32 exact, half by rounding
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:
     from llmlab.core.errors import UsageError
 
     dtype = dtype.lower()
-    if dtype not in ("auto", *CHECK_ATOL):
+    if dtype not in ("auto", *DTYPES):
         raise UsageError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
     if dtype != "auto":
         return dtype
@@ -33,43 +34,23 @@ def resolve_dtype(dtype: str, device_type: str) -> str:
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
-def kv_block_bytes(config, block_size: int, itemsize: int) -> int:
-    """K and V of one block over every layer: 2 x layers x block_size x kv_heads x head_dim x bytes."""
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * block_size * kv_heads * head_dim * itemsize
-
-
-def activation_reserve(config, max_num_batched_tokens: int) -> int:
-    """Bytes one step's activations may take: FP32 logits and the MLP's three intermediates per token."""
-    inter = getattr(config, "intermediate_size", 4 * config.hidden_size)
-    return max_num_batched_tokens * (config.vocab_size + 3 * inter + 8 * config.hidden_size) * 4
-
-
-def kv_blocks_from_memory(config, block_size: int, itemsize: int, free: int, total: int, utilization: float,
-                          max_num_batched_tokens: int) -> int:
-    """Blocks that fit in `free` bytes, keeping (1 - utilization) of `total` and the activation reserve unused."""
-    budget = free - (1.0 - utilization) * total - activation_reserve(config, max_num_batched_tokens)
-    return max(0, int(budget // kv_block_bytes(config, block_size, itemsize)))
-
-
-def size_pool(lm, dev, kv_blocks: int | None, block_size: int, utilization: float, max_num_batched_tokens: int) -> int:
-    from llmlab.core.errors import UsageError
-
+def size_pool(model, dev, kv_blocks: int | None, block_size: int, utilization: float, max_num_seqs: int,
+              max_num_batched_tokens: int) -> int:
+    """--kv-blocks, else 1,024 on the CPU, else what the GPU's free memory holds (UsageError when not a block)."""
     if kv_blocks is not None:
         return kv_blocks
     if dev.kind != "cuda":
         return CPU_KV_BLOCKS
     import torch
 
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(dev.torch)
-    itemsize = next(lm.model.parameters()).element_size()
-    n = kv_blocks_from_memory(lm.config, block_size, itemsize, free, total, utilization, max_num_batched_tokens)
-    if n < 1:
-        raise UsageError(f"no room for a KV cache on {dev.spec}: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB "
-                         f"after the weights at --gpu-memory-utilization {utilization}")
-    return n
+    from llmlab.core.errors import UsageError
+    from llmlab.serving.engine import num_blocks_for_memory
+
+    torch.cuda.empty_cache()  # the exactness check's buffers are not the server's
+    try:
+        return num_blocks_for_memory(model, dev, block_size, utilization, max_num_seqs, max_num_batched_tokens)
+    except ValueError as exc:
+        raise UsageError(f"{dev.spec}: {exc} (--gpu-memory-utilization {utilization})") from None
 
 
 def build(model: str, dev, dtype: str, kv_blocks: int | None, max_num_seqs: int, max_num_batched_tokens: int,
@@ -86,12 +67,11 @@ def build(model: str, dev, dtype: str, kv_blocks: int | None, max_num_seqs: int,
         raise UsageError(f"{model} has no tokenizer (arch: models have random weights): serve needs a trained model")
     g = torch.Generator().manual_seed(0)
     probe = [torch.randint(1, lm.config.vocab_size, (n,), generator=g).tolist() for n in (7, 21)]
-    exact = check_exact(Engine(lm.model, EngineConfig(num_blocks=8, max_num_batched_tokens=16)), probe, max_new_tokens=4,
-                        atol=CHECK_ATOL[dtype])
-    blocks = size_pool(lm, dev, kv_blocks, EngineConfig.block_size, utilization, max_num_batched_tokens)
+    exact = check_exact(Engine(lm.model, EngineConfig(num_blocks=8, max_num_batched_tokens=16, dtype=dtype)), probe, max_new_tokens=4)
+    blocks = size_pool(lm.model, dev, kv_blocks, EngineConfig.block_size, utilization, max_num_seqs, max_num_batched_tokens)
     try:
         cfg = EngineConfig(num_blocks=blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                           enable_prefix_cache=prefix_cache)
+                           enable_prefix_cache=prefix_cache, dtype=dtype)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return lm, Engine(lm.model, cfg, lm.tokenizer.eos_token_id), exact
@@ -132,7 +112,7 @@ def serve(model: str = "tiny", host: str = "127.0.0.1", port: int = 8000, device
     cfg = engine.cfg
     log(f"llmlab serve: {model} on {dev.spec} in {dt}, {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, max {cfg.max_num_seqs} "
         f"seqs, prefix cache {'on' if prefix_cache else 'off'}, context {engine.max_model_len}; exact vs HF (max |logit diff| "
-        f"{exact['max_abs_logit_diff']:.1e}, tolerance {CHECK_ATOL[dt]:g}); API key {'required' if api_key else 'off'}; "
+        f"{exact['max_abs_logit_diff']:.1e}, tolerance {exact['atol']:g}); API key {'required' if api_key else 'off'}; "
         f"http://{host}:{port}/v1")
     app = create_app(engine, lm.tokenizer, model, executor=torch_thread, host=host, api_key=api_key)
     try:
