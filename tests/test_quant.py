@@ -191,7 +191,8 @@ def test_each_gpu_generation_gets_its_kernels(monkeypatch, cc, int8, int4, fp8):
 def test_the_cpu_gets_its_own_kernels():
     cpu = torch.device("cpu")
     assert Q.kernel_path("int8", cpu) == "int8pack_mm (kernel)"
-    assert Q.kernel_path("int4-g64", cpu) == "int4pack_mm_for_cpu (kernel)"
+    int4 = "int4pack_mm_for_cpu (kernel)" if hasattr(torch, "_weight_int4pack_mm_for_cpu") else Q.EMUL  # torch 2.6+
+    assert Q.kernel_path("int4-g64", cpu) == int4
     assert Q.kernel_path("fp8-channel", cpu) == Q.EMUL  # no FP8 tensor cores: the format is emulated
 
 
@@ -206,7 +207,10 @@ def test_kernels_that_run_on_a_cpu_equal_the_dequantized_reference(fmt, path):
     a wrong zero, scale layout or operand order is O(1) off; rounding is 2^-8 at worst."""
     qt = Q.quantize_weight(_w(64, 256), fmt)
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(2))
-    y = Q._mm(path, x, Q._pack(path, qt), Q._group(fmt)).float()
+    try:
+        y = Q._mm(path, x, Q._pack(path, qt), Q._group(fmt)).float()
+    except (AttributeError, NotImplementedError) as exc:  # an older torch without this op on the CPU
+        pytest.skip(f"{path} does not run on this torch's CPU: {exc}")
     ref = Q._reference(path, x, qt)
     tol = Q.KERNEL_TOL if path.startswith("_scaled_mm") else 1e-5  # BF16 output vs FP32 kernels
     assert float((y - ref).norm() / ref.norm()) <= tol
