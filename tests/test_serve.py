@@ -517,6 +517,11 @@ def test_serve_rejects_a_bad_dtype_and_a_missing_gpu_with_one_line(cli):
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_serve_help_names_the_key_variable_never_its_value(cli):
+    r = cli("serve", "--help", columns=200, env={"LLMLAB_API_KEY": "sk-never-shown-123"})
+    assert r.returncode == 0 and "LLMLAB_API_KEY" in r.stdout and "sk-never-shown-123" not in r.stdout + r.stderr
+
+
 def test_dtype_auto_is_bf16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch):
     import torch
 
