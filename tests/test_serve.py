@@ -407,7 +407,6 @@ def test_unknown_routes_and_methods_are_openai_shaped(server):
     ("/v1/completions", {"logprobs": 0}, "logprobs"),
     ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
     ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
-    ("/v1/completions", {"n": 2}, "n"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"logit_bias": {"5": 10.0}}, "logit_bias"),
     ("/v1/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
@@ -433,6 +432,29 @@ def test_no_op_values_of_those_options_are_served(server):
     r = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                                             "max_tokens": 2, "logprobs": False, "top_logprobs": 0, "n": 1})
     assert r.status_code == 200, r.text
+
+
+def test_n_choices_are_n_sequences_choice_i_sampled_with_seed_plus_i(server):
+    base, _ = server
+    body = {"prompt": "def add(a, b):", "max_tokens": 6, "temperature": 1.0, "ignore_eos": True}
+    alone = [post(base, "/v1/completions", {**body, "seed": 7 + i}).json()["choices"][0]["text"] for i in range(3)]
+    r = post(base, "/v1/completions", {**body, "seed": 7, "n": 3}).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2] and [c["text"] for c in r["choices"]] == alone
+    assert r["usage"]["completion_tokens"] == 18 and r["usage"]["prompt_tokens"] == post(base, "/tokenize", {"prompt": body["prompt"]}).json()["count"]
+    s = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1.0,
+                                            "seed": 7, "n": 2, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in sse_events(s.text)[:-1]]
+    text, reasons, roles = {0: "", 1: ""}, {0: [], 1: []}, {0: [], 1: []}
+    for c in chunks:
+        for ch in c["choices"]:
+            text[ch["index"]] += ch["delta"].get("content", "")
+            reasons[ch["index"]].append(ch["finish_reason"])
+            roles[ch["index"]].append(ch["delta"].get("role"))
+    assert all(reasons[i][-1] == "length" and roles[i][0] == "assistant" for i in (0, 1)) and chunks[-1]["usage"]["completion_tokens"] == 8
+    whole = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1.0,
+                                                "seed": 7, "n": 2, "ignore_eos": True}).json()
+    assert [c["message"]["content"] for c in whole["choices"]] == [text[0], text[1]]
+    assert wait_idle(base)["llmlab:num_requests_running"] == 0
 
 
 def test_echo_returns_the_prompt_before_the_completion(server):

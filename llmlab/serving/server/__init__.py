@@ -9,7 +9,7 @@ from free memory on CUDA, exactness check, uvicorn).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream true/false; SSE chunks ending in
 `data: [DONE]`; stream_options.include_usage; max_tokens / max_completion_tokens, temperature,
-top_p, top_k, min_p, seed, stop, echo (completions), user, and vLLM's ignore_eos), GET /v1/models,
+top_p, top_k, min_p, seed, stop, n, echo (completions), user, and vLLM's ignore_eos), GET /v1/models,
 GET /health, GET /metrics, GET /v1/engine/stats (llmlab's own: counters, faults and the recent step
 records, what the tests and labs read), and vLLM's POST /tokenize and /detokenize (what the ttft
 lab's --endpoint uses for prompts of an exact length).

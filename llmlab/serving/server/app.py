@@ -16,10 +16,12 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
@@ -143,59 +145,77 @@ class Server:
             raise APIError(503, f"the engine has stopped: {self.aeng.dead}", type_="server_error")
         params = self.params(req, len(prompt_ids), chat)
         stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        stream = TextStream(self.tokenizer, stops, self.engine.eos_ids)
-        h = Handle(prompt_ids, params, arrival, now_ns(), asyncio.get_running_loop(), count_at_close=bool(stream.stops))
-        self.aeng.submit(h)
-        call = Call(self, h, stream, req, chat, echo)
+        choices = []
+        for i in range(req.n):  # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone
+            p = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+            stream = TextStream(self.tokenizer, stops, self.engine.eos_ids)
+            h = Handle(prompt_ids, p, arrival, now_ns(), asyncio.get_running_loop(), count_at_close=bool(stream.stops))
+            self.aeng.submit(h)
+            choices.append(Choice(i, h, stream))
+        call = Call(self, choices, req, chat, echo)
         return sse_response(call) if req.stream else await call.whole(request)
 
 
-class Call:
-    """One submitted request's answer: the whole response, or (sse.py) its SSE stream. Always closes its handle."""
+@dataclass(eq=False)
+class Choice:
+    """One of a request's n sequences."""
 
-    def __init__(self, srv: Server, h: Handle, stream: TextStream, req, chat: bool, echo: str):
-        self.srv, self.h, self.stream, self.req, self.chat, self.echo = srv, h, stream, req, chat, echo
+    index: int
+    h: Handle
+    stream: TextStream
+    reason: str | None = None
+
+
+class Call:
+    """One submitted request's answer: the whole response, or (sse.py) its SSE stream. Always closes its handles."""
+
+    def __init__(self, srv: Server, choices: list[Choice], req, chat: bool, echo: str):
+        self.srv, self.choices, self.req, self.chat, self.echo = srv, choices, req, chat, echo
         self.rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.obj = "chat.completion" if chat else "text_completion"
-        self.reason: str | None = None
 
     def close(self) -> None:
-        self.srv.aeng.close(self.h, self.reason or "abort", self.stream.n_tokens)
+        for c in self.choices:
+            self.srv.aeng.close(c.h, c.reason or "abort", c.stream.n_tokens)
 
     def usage(self) -> dict:
-        n_prompt, n_out = len(self.h.prompt_ids), self.stream.n_tokens
+        n_prompt, n_out = len(self.choices[0].h.prompt_ids), sum(c.stream.n_tokens for c in self.choices)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
     def timings(self) -> dict:
-        return timings(self.h.seq, self.stream.n_tokens) if self.h.seq else {}
+        """The first sequence's (llama.cpp's shape has one)."""
+        c = self.choices[0]
+        return timings(c.h.seq, c.stream.n_tokens) if c.h.seq else {}
 
-    async def collect(self) -> str:
+    async def collect(self, c: Choice) -> str:
         text = self.echo
-        async for piece, fin in self.srv.pieces(self.h, self.stream):
+        async for piece, fin in self.srv.pieces(c.h, c.stream):
             text += piece
-            self.reason = fin or self.reason
+            c.reason = fin or c.reason
         return text
 
     async def whole(self, request: Request) -> Response:
-        """The non-streamed answer; the sequence is aborted as soon as the client is seen gone."""
-        task = asyncio.ensure_future(self.collect())
+        """The non-streamed answer; the sequences are aborted as soon as the client is seen gone."""
+        task = asyncio.ensure_future(asyncio.gather(*(self.collect(c) for c in self.choices)))
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
                 if not task.done() and await request.is_disconnected():
                     task.cancel()
                     return Response(status_code=499)
-            text = task.result()
+            texts = task.result()
         finally:
             if not task.done():
                 task.cancel()
             self.close()
-        choice = {"index": 0, "finish_reason": self.reason, "logprobs": None}
-        choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
-        srv = self.srv
-        return JSONResponse({"id": self.rid, "object": self.obj, "created": self.created, "model": srv.model_name,
-                             "choices": [choice], "usage": self.usage(), "timings": self.timings()})
+        choices = []
+        for c, text in zip(self.choices, texts, strict=True):
+            choice = {"index": c.index, "finish_reason": c.reason, "logprobs": None}
+            choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            choices.append(choice)
+        return JSONResponse({"id": self.rid, "object": self.obj, "created": self.created, "model": self.srv.model_name,
+                             "choices": choices, "usage": self.usage(), "timings": self.timings()})
 
 
 def add_routes(app: FastAPI, srv: Server) -> None:

@@ -6,8 +6,9 @@ Rules:
   (temperature [0, 2], top_p (0, 1], penalties [-2, 2]) and torch's seed range (int64).
 - A field OpenAI does not define (and llmlab does not take from vLLM) is refused, as OpenAI
   refuses it ("Unrecognized request argument"): no option is ever ignored silently.
-- An option llmlab cannot honour (logprobs, n > 1, logit_bias, penalties, ...) is refused with
-  400 naming the field, unless it carries its no-op value (n 1, logprobs null/false, penalty 0).
+- An option llmlab cannot honour (logprobs, logit_bias, penalties, ...) is refused with 400
+  naming the field, unless it carries its no-op value (logprobs null/false, penalty 0). `n` is
+  served: n sequences of the prompt (choice i sampled with seed + i when a seed is given).
 - The body is capped (413) before it is parsed; JSON nested deeper than Python can parse,
   a lone UTF-16 surrogate or a body that is not an object is a 400.
 - Every error has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
@@ -57,8 +58,8 @@ class CommonRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
     user: str | None = None  # OpenAI's end-user id: metadata, nothing to honour
+    n: int = Field(1, ge=1, le=16)  # sequences of the prompt, one choice each
     # options refused unless at their no-op value (`unsupported` below)
-    n: int = Field(1, ge=1, le=128)
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
@@ -117,7 +118,6 @@ class DetokenizeRequest(BaseModel):
 def unsupported(req: CommonRequest) -> str | None:
     """The first option set to a value this server cannot honour, or None."""
     no_op = {
-        "n": req.n == 1,
         "logprobs": req.logprobs is None or req.logprobs is False,
         "top_logprobs": not req.top_logprobs,
         "logit_bias": not req.logit_bias,

@@ -9,6 +9,7 @@ that goes away aborts its sequence.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING
 
@@ -20,37 +21,76 @@ if TYPE_CHECKING:
     from llmlab.serving.server.app import Call
 
 
-def chunk(call: Call, piece: str | None, reason, first=False, **extra) -> str:
+def chunk(call: Call, piece: str | None, reason, first=False, index=0, **extra) -> str:
     if piece is None:
         choices = []
     elif call.chat:
         delta = {"role": "assistant", "content": piece} if first else {"content": piece}
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}]
     else:
-        choices = [{"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}]
+        choices = [{"index": index, "text": piece, "logprobs": None, "finish_reason": reason}]
     body = {"id": call.rid, "object": call.obj + (".chunk" if call.chat else ""), "created": call.created,
             "model": call.srv.model_name, "choices": choices, **extra}
     return f"data: {json.dumps(body)}\n\n"
 
 
+async def one_choice(call: Call, include_usage: bool):
+    """n = 1: a chunk per token, the last token's chunk carrying finish_reason."""
+    c = call.choices[0]
+    pending, first = call.echo or None, True
+    async for piece, fin in call.srv.pieces(c.h, c.stream):
+        if fin is not None:
+            c.reason = fin
+            yield chunk(call, (pending or "") + piece, fin, first, **({} if include_usage else {"timings": call.timings()}))
+            return
+        if pending is not None:
+            yield chunk(call, pending, None, first)
+            first, pending = False, None
+        if c.h.events.empty():
+            yield chunk(call, piece, None, first)
+            first = False
+        else:
+            pending = piece
+
+
+async def many_choices(call: Call, include_usage: bool):
+    """n > 1: the sequences' chunks interleaved as they come, each naming its choice's index; each ends with a
+    chunk of its own carrying finish_reason."""
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def feed(c):
+        try:
+            async for piece, fin in call.srv.pieces(c.h, c.stream):
+                await merged.put((c, piece, fin, None))
+        except APIError as exc:
+            await merged.put((c, "", None, exc))
+
+    tasks = [asyncio.ensure_future(feed(c)) for c in call.choices]
+    started, left = set(), len(call.choices)
+    try:
+        if call.echo:
+            for c in call.choices:
+                started.add(c.index)
+                yield chunk(call, call.echo, None, True, c.index)
+        while left:
+            c, piece, fin, exc = await merged.get()
+            if exc is not None:
+                raise exc
+            c.reason = fin or c.reason
+            left -= fin is not None
+            extra = {"timings": call.timings()} if fin is not None and not left and not include_usage else {}
+            yield chunk(call, piece, fin, c.index not in started, c.index, **extra)
+            started.add(c.index)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
 async def events(call: Call):
     include_usage = bool(call.req.stream_options and call.req.stream_options.include_usage)
-    h = call.h
     try:
-        pending, first = call.echo or None, True
-        async for piece, fin in call.srv.pieces(h, call.stream):
-            if fin is not None:
-                call.reason = fin
-                yield chunk(call, (pending or "") + piece, fin, first, **({} if include_usage else {"timings": call.timings()}))
-                break
-            if pending is not None:
-                yield chunk(call, pending, None, first)
-                first, pending = False, None
-            if h.events.empty():
-                yield chunk(call, piece, None, first)
-                first = False
-            else:
-                pending = piece
+        async for event in (one_choice if len(call.choices) == 1 else many_choices)(call, include_usage):
+            yield event
         if include_usage:
             yield chunk(call, None, None, usage=call.usage(), timings=call.timings())
     except APIError as exc:
