@@ -1,6 +1,12 @@
 """`llmlab serve` over real HTTP (a subprocess on 127.0.0.1, a free port) driven by the streaming
 client: SSE format and usage, timings against the client's own stamps, /metrics counts, prefix
-hits, batching, a disconnect freeing blocks, bad requests, and vLLM's metric definitions."""
+hits, batching, a disconnect freeing blocks, bad requests, and vLLM's metric definitions.
+
+Then any request: each reliability rule is checked by sending the request to the real server and a
+normal request after it (seeds, temperatures, body and prompt sizes, clients that leave, stop
+strings, idle gauges, undecodable bodies, options it cannot honour, loose types, n, echo, the
+Host / cross-origin / API-key guard), plus in-process checks of what needs a fault planted or
+torch.cuda patched (an engine fault, dtype auto, the pool from a GPU's free memory)."""
 
 from __future__ import annotations
 
