@@ -120,6 +120,7 @@ def _quick_lab(item) -> str | None:
     return params.get("lab") or _QUICK_USERS.get(item.module.__name__.rsplit(".", 1)[-1])
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: run ahead only the quick runs the selected tests need
 def pytest_collection_modifyitems(session, config, items):
     labs = list(dict.fromkeys(lab for lab in map(_quick_lab, items) if lab))
     config._llmlab_quick_ahead = labs  # started by the session fixture below, once the tests begin
