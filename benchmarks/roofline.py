@@ -186,9 +186,7 @@ def main() -> None:
     warm = roofs.warm_up(device, 0.3)
     if device.is_cuda:  # the peers are CPU code: a GPU compares with its spec sheet only
         return gpu_report(device, repeats, bandwidth_spec_GBps, peak_for)
-    probe = roofs.bandwidth_buffers(device, 8)  # the lab's buffer size: 8x the LLC, capped at 1/8 of free memory
-    nbytes, note = probe.nbytes, probe.note
-    del probe
+    nbytes, note = roofs.buffer_bytes(device, 8)  # the lab's buffer size: 8x the LLC, capped at 1/8 of free memory
     out: dict = {"device": device.name, "buffer_MiB": nbytes / 2**20, "buffer_note": note, "threads": threads, "warm_up_s": warm}
     with tempfile.TemporaryDirectory() as tmp:
         exe, why = build_c_stream(Path(tmp))
@@ -233,17 +231,24 @@ def bandwidth_rounds(device, threads: list[int], rounds: int, repeats: int, exe:
                         add("ours (torch)", kind, t, (b.best_GBps, b.median_GBps))
                 del bufs
                 continue
-            arrays = [np.full(nbytes // 4, v, dtype=np.float32) for v in (0.0, 1.0, 2.0)]  # numpy's own, same size
-            for kind, (fn, nb) in numpy_bandwidth_peers(*arrays).items():
-                best, med = time_numpy(fn, repeats)
-                add("numpy", kind, 1, (nb / best / 1e9, nb / med / 1e9))
-            del arrays
+            for kind, rates in numpy_round(nbytes, repeats).items():  # its arrays are freed before the C side runs
+                add("numpy", kind, 1, rates)
             for t in threads if exe is not None else ():
                 rates, stores = run_c_stream(exe, n_c, t, repeats)
                 res["copy_stores"], res["stream_MiB"] = stores, n_c * 8 / 2**20
                 for kind, v in rates.items():
                     add("C STREAM", kind, t, v)
     return res
+
+
+def numpy_round(nbytes: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """numpy's copy and triad on its own three float32 arrays of `nbytes`: kernel -> (best GB/s, median GB/s)."""
+    arrays = [np.full(nbytes // 4, v, dtype=np.float32) for v in (0.0, 1.0, 2.0)]
+    out = {}
+    for kind, (fn, nb) in numpy_bandwidth_peers(*arrays).items():
+        best, med = time_numpy(fn, repeats)
+        out[kind] = (nb / best / 1e9, nb / med / 1e9)
+    return out
 
 
 def compute_rounds(device, threads: list[int], rounds: int, repeats: int, quick: bool, llc: int) -> dict:

@@ -71,14 +71,19 @@ class Buffers:
         return self.a.numel() * 4
 
 
+def buffer_bytes(device: Device, llc_multiple: int = 8) -> tuple[int, str]:
+    """(bytes of one bandwidth buffer, why it is smaller than asked or ""): llc_multiple x LLC, capped at 1/8 of free memory."""
+    want = llc_multiple * last_level_cache_bytes(device)
+    cap = device.free_memory_bytes() // 8
+    nbytes = min(want, cap) if cap > 0 else want
+    return nbytes, "" if nbytes == want else f"bandwidth buffers capped at {nbytes / 2**20:.0f} MiB (1/8 of free memory), not {llc_multiple}x LLC"
+
+
 def bandwidth_buffers(device: Device, llc_multiple: int = 8) -> Buffers:
     """Three FP32 buffers of llc_multiple x LLC each (capped at 1/8 of free memory, with a note)."""
     import torch
 
-    want = llc_multiple * last_level_cache_bytes(device)
-    cap = device.free_memory_bytes() // 8
-    nbytes = min(want, cap) if cap > 0 else want
-    note = "" if nbytes == want else f"bandwidth buffers capped at {nbytes / 2**20:.0f} MiB (1/8 of free memory), not {llc_multiple}x LLC"
+    nbytes, note = buffer_bytes(device, llc_multiple)
     n = nbytes // 4
     a, b, c = (torch.full((n,), float(i + 1), dtype=torch.float32, device=device.torch) for i in range(3))
     return Buffers(a, b, c, note)
