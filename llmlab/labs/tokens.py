@@ -535,7 +535,7 @@ def tokenization_claims(df: pd.DataFrame) -> list[Claim]:
         return [rt]
     worst = same.loc[same.x_english.idxmin()]
     dearest = same.loc[same.x_english.idxmax()]
-    premium = Claim("tokens.english_cheapest", "the same sentence costs more tokens in every other language than in English",
+    premium = Claim("tokens.english_cheapest", "the same sentence costs more tokens in other languages",
                     "tokens / English's tokens > 1 for every translation of UDHR article 1",
                     f"lowest {worst.x_english:.2f}x ({worst['sample']}), highest {dearest.x_english:.2f}x "
                     f"({dearest['sample']}, {dearest.tokenizer})", bool((same.x_english > 1).all()))
@@ -586,31 +586,28 @@ def vocab_claims(df: pd.DataFrame) -> list[Claim]:
              & (df.logits_B_per_token == df.formula_logits_B_per_token))
     big = df.iloc[-1]
     claims = [Claim("tokens.vocab_bytes_formula", "the vocabulary's memory is d x V per matrix",
-                    "embedding, LM head = d x V x bytes each, logits = V x bytes per token, exactly, every V",
-                    f"{int(exact.sum())} of {len(df)} sizes exact; V = {int(big.vocab):,}: "
-                    f"{(big.embed_B + big.head_B) / 2**20:,.0f} MiB, {big.logits_B_per_token / 1024:,.0f} KiB/token",
+                    "embedding, head: d x V x b bytes each; logits: V x b per token (b = bytes a value); exact",
+                    f"{int(exact.sum())} of {len(df)} sizes exact",
                     bool(exact.all()))]
     if len(df) >= 3:
         rho = df.vocab.rank().corr(df.head_share.rank())
-        claims.append(Claim("tokens.head_share_grows", "a bigger vocabulary makes the LM head a bigger part of each step",
+        claims.append(Claim("tokens.head_share_grows", "a bigger V makes the LM head a bigger part of a step",
                             f"Spearman rho(share, V) >= {RHO_MIN:g} over {len(df)} sizes",
                             f"rho = {rho:.2f}; {df.head_share.iloc[0]:.0%} at {int(df.vocab.iloc[0]):,} -> "
                             f"{big.head_share:.0%} at {int(big.vocab):,}", rho >= RHO_MIN))
     gap = big.head_share - big.formula_share
-    claims.append(Claim("tokens.head_share_formula", "where the head's bytes dominate, its share of a step is its share of the weights",
+    claims.append(Claim("tokens.head_share_formula", "at large V the head's share of a step is its weights' share",
                         f"|measured - d V / (d V + body params)| <= {SHARE_BAND:g} at the largest V",
-                        f"{big.head_share:.0%} measured vs {big.formula_share:.0%} at V = {int(big.vocab):,}; at "
-                        f"{int(df.vocab.iloc[0]):,}: {df.head_share.iloc[0]:.0%} vs {df.formula_share.iloc[0]:.0%}",
+                        f"{big.head_share:.0%} vs {big.formula_share:.0%} at V = {int(big.vocab):,}",
                         abs(gap) <= SHARE_BAND,
-                        note="per-layer fixed costs (launches, Python) the weight count does not see pull the "
-                             "measured share below it, most at small V"))
+                        note="per-layer fixed costs (launches, Python) pull the measured share down"))
     if len(df) < 2:
         return claims  # one size: nothing was added
     d_step, d_head = big.step_ms - df.step_ms.iloc[0], big.head_ms - df.head_ms.iloc[0]
     r = d_step / d_head if d_head > 0 else math.inf
     lo, hi = DELTA_BAND
-    claims.append(Claim("tokens.vocab_cost_is_the_head", "what a bigger vocabulary adds to a decode step is its LM head",
-                        f"step time added / head time added from the smallest to the largest V in {lo:g}-{hi:g}",
+    claims.append(Claim("tokens.vocab_cost_is_the_head", "what a bigger V adds to a decode step is its LM head",
+                        f"added step time / added head time, smallest to largest V, in {lo:g}-{hi:g}",
                         f"{r:.2f} ({d_step:.2f} vs {d_head:.2f} ms more)", lo <= r <= hi))
     return claims
 
