@@ -18,7 +18,7 @@ from llmlab import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "labs").glob("*.md"))]
-LAB_MODULES = ("train_vs_infer", "five_steps", "prefill_decode", "gpu_parallelism", "roofline", "kvcache_growth",
+LAB_MODULES = ("tokens", "train_vs_infer", "five_steps", "prefill_decode", "gpu_parallelism", "roofline", "kvcache_growth",
                "samplers", "ttft_breakdown", "speculative", "serving", "quantization", "tensor_parallel")
 _ID = re.compile(r"`((?:" + "|".join(LAB_MODULES) + r")\.[a-z][a-z0-9_]*)`")
 _PATH = re.compile(r"results/[A-Za-z0-9_.*<>/-]*[A-Za-z0-9_*>/]")
