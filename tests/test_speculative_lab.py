@@ -263,7 +263,7 @@ def test_config_validation():
     for bad in (dict(gamma=0), dict(temperature=-1.0), dict(gammas=(0, 2)), dict(gammas=()), dict(tree=(2, 0)),
                 dict(top_p=0.0), dict(prompts=0), dict(prompts=33), dict(confidence=1.5), dict(new_tokens=1),
                 dict(sweep_repeats=-1), dict(lookup_min_ngram=3, lookup_max_ngram=2), dict(lookup_tokens=0),
-                dict(verify_ks=(2, 4)), dict(workload_prompts=-1)):
+                dict(verify_ks=(2, 4)), dict(workload_prompts=-1), dict(dram_max_mb=-1)):
         with pytest.raises(ValueError):
             lab.Config(**bad)
     q = lab.Config.quick()
@@ -304,6 +304,8 @@ def test_dram_model_is_sized_from_the_cache_the_run_finds(monkeypatch):
     monkeypatch.setattr(D.Device, "free_memory_bytes", lambda self: 6 * 10**9)  # 3 GB usable: not enough
     with pytest.raises(V.TooLarge, match="8x the 527 MB last-level cache"):
         V.dram_model("qwen2.5-0.5b", 8, D.Device("cpu"))
+    with pytest.raises(V.TooLarge, match="MB of weights, more than this run's 2,000 MB"):  # --quick's cap
+        V.dram_model("qwen2.5-0.5b", 8, D.Device("cpu"), max_bytes=lab.Config.quick().dram_max_mb * 1e6)
 
 
 def test_verify_curve_part_records_an_unfit_dram_regime_as_not_measured(monkeypatch):

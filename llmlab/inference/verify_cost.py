@@ -92,15 +92,21 @@ def build_arch(arch: str, layers: int, device: Device, dtype: torch.dtype = torc
     return model.eval(), dict(model=f"arch:{arch} x{layers} layers", layers=layers, weights_MB=nbytes / 1e6)
 
 
-def dram_model(arch: str, llc_multiple: int, device: Device, seed: int = 0):
+def dram_model(arch: str, llc_multiple: int, device: Device, seed: int = 0, max_bytes: float = math.inf):
     """The `arch` architecture, random weights, with the fewest layers whose FP32 weights are at least
     llc_multiple x the last-level cache this device reports (CPU: the largest cache in sysfs; GPU: L2), as many
-    layers past the published count as that takes. Returns (model, info); raises TooLarge when they do not fit."""
+    layers past the published count as that takes. Returns (model, info); raises TooLarge when they do not fit
+    in memory or exceed max_bytes (a run's time budget: streaming them is what each timed forward costs)."""
     from llmlab.core.device import cpu_caches, last_level_cache_bytes
-    from llmlab.core.models import arch_config
+    from llmlab.core.models import arch_config, param_count
 
     llc = last_level_cache_bytes(device)
-    layers = layers_for(arch_config(arch), llc_multiple * llc, 4)
+    conf = arch_config(arch)
+    layers = layers_for(conf, llc_multiple * llc, 4)
+    conf.num_hidden_layers = layers
+    if 4 * param_count(conf) > max_bytes:
+        raise TooLarge(f"{llc_multiple}x the {llc / 1e6:,.0f} MB last-level cache: arch:{arch} x{layers} layers needs "
+                       f"{4 * param_count(conf) / 1e6:,.0f} MB of weights, more than this run's {max_bytes / 1e6:,.0f} MB")
     try:
         model, info = build_arch(arch, layers, device, torch.float32, seed)
     except TooLarge as exc:

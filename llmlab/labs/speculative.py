@@ -100,6 +100,7 @@ class Config:
     verify_samples: int = 9  # alternating samples of each k, per regime
     dram_arch: str = "qwen2.5-0.5b"  # the DRAM regime: this architecture, random weights, cut to enough layers
     dram_llc_multiple: int = 8  # ... that its weights are at least this many times the last-level cache
+    dram_max_mb: int = 0  # ... up to this size (0: no cap) and half the free memory; past it the regime is not measured
     gpu_arch: str = "llama-3-8b"  # CUDA: the timed parts run this architecture (random weights), sized from the device
     threads: int = 1  # CPU only: one thread, as ops this small gain nothing from more; 0 keeps torch's default
     seed: int = 0  # the CLI sets it from --seed
@@ -125,18 +126,20 @@ class Config:
         if self.cost_samples < 3:
             raise ValueError("cost_samples must be >= 3")
         S.PromptLookup(self.lookup_max_ngram, self.lookup_min_ngram, self.lookup_tokens)  # raises on bad values
-        if not self.verify_ks or min(self.verify_ks) != 1 or self.verify_samples < 3 or self.dram_llc_multiple < 1:
-            raise ValueError("verify_ks must start at k = 1, verify_samples >= 3, dram_llc_multiple >= 1")
+        if not self.verify_ks or min(self.verify_ks) != 1 or self.verify_samples < 3 or self.dram_llc_multiple < 1 \
+                or self.dram_max_mb < 0:
+            raise ValueError("verify_ks must start at k = 1, verify_samples >= 3, dram_llc_multiple >= 1, dram_max_mb >= 0")
         if self.workload_prompts < 0:
             raise ValueError("workload_prompts must be >= 0 (0 skips the quote and edit workloads)")
 
     @classmethod
     def quick(cls) -> Config:
         """The demo: 3 prompts x 32 tokens x 3 timed rounds for speed (stable to a few %), gamma 2, 4 and 6,
-        the other parts counted once (no timing), no batch sweep; about 55 s on an idle 2-core CPU."""
+        the other parts counted once (no timing), no batch sweep, a DRAM regime of at most 2 GB (24 forwards
+        stream it: a few seconds each on one core); about 55 s on an idle 2-core CPU."""
         return cls(new_tokens=32, prompts=3, repeats=3, sweep_repeats=0, gammas=(2, 4, 6), temperatures=(1.0,),
                    tree_sampled=False, batch_sizes=(), dist_samples=60, dist_top_k=2, cost_samples=15,
-                   workload_prompts=1, verify_ks=(1, 4, 8, 16), verify_samples=5)
+                   workload_prompts=1, verify_ks=(1, 4, 8, 16), verify_samples=5, dram_max_mb=2000)
 
     def lookup(self) -> S.PromptLookup:
         return S.PromptLookup(self.lookup_max_ngram, self.lookup_min_ngram, self.lookup_tokens)
@@ -735,7 +738,8 @@ def part_verify_curve(res: LabResult, pair: Pair, speed: Pair, cfg: Config, cost
         regimes.append(("DRAM", dict(model=m["target"], weights_MB=m["target_MB"]), speed.target))
     else:
         try:
-            big, info = V.dram_model(cfg.dram_arch, cfg.dram_llc_multiple, dev, cfg.seed)
+            big, info = V.dram_model(cfg.dram_arch, cfg.dram_llc_multiple, dev, cfg.seed,
+                                     cfg.dram_max_mb * 1e6 or math.inf)
             regimes.append(("DRAM", info, big))
             if not info["llc_read"]:
                 res.note(f"the last-level cache could not be read from sysfs: assumed {info['llc_MB']:.0f} MB")
