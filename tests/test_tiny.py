@@ -58,12 +58,12 @@ def test_lr_schedule_warms_up_then_decays():
 
 def test_budget_resizes_to_what_fits():
     cfg = train.TrainConfig()
-    # 400 steps took 800 s: 2 s a step, so a 3,000 s budget holds 1,500
-    assert train.resized_total(400, 800.0, 3000.0, cfg) == 1500
+    # 400 steps took 800 s, lately 4 s a step: the 2,200 s left of a 3,000 s budget hold 550 more
+    assert train.resized_total(400, 800.0, 4.0, 3000.0, cfg) == 950
     # a budget already spent still keeps a full warm-up and the decay ahead of the steps taken
-    spent = train.resized_total(400, 800.0, 800.0, cfg)
+    spent = train.resized_total(400, 800.0, 4.0, 800.0, cfg)
     assert 400 < train.decay_start(spent, cfg) <= 410
-    assert train.resized_total(60, 800.0, 800.0, cfg) == 5 * cfg.warmup_steps
+    assert train.resized_total(60, 800.0, 4.0, 800.0, cfg) == 5 * cfg.warmup_steps
 
 
 def test_minutes_run_resizes_and_reproduces_by_steps(tmp_path):

@@ -260,29 +260,32 @@ def _kl_step(draft, target, batch, temperature: float):
     return kl * temperature**2
 
 
-def resized_total(done: int, seconds: float, budget_s: float, cfg: TrainConfig) -> int:
-    """The total that fits budget_s at the pace so far (done steps in seconds), kept long enough that
-    the LR of every step taken stays what it was: a full warm-up, and the decay still ahead."""
-    fits = int(budget_s * done / seconds)
+def resized_total(done: int, elapsed: float, pace: float, budget_s: float, cfg: TrainConfig) -> int:
+    """The total that fits budget_s: done steps in elapsed seconds, the rest at the recent pace
+    (seconds per step: a shared machine's speed drifts, the average since the start lags it), kept
+    long enough that the LR of every step taken stays what it was: a full warm-up, the decay ahead."""
+    fits = done + int((budget_s - elapsed) / pace)
     keep = max(5 * cfg.warmup_steps, math.ceil((done + 1) / (1 - cfg.decay_frac)) + 1)
     return max(fits, keep)
 
 
 def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, phase: str, on_step: OnStep | None,
          budget_s: float | None = None):
-    """Train for total steps; with budget_s, total is re-sized from the pace so far every resize_every
+    """Train for total steps; with budget_s, total is re-sized from the recent pace every resize_every
     steps after the warm-up, until the decay starts."""
     import torch
 
     opt = _optimizer(model, lr, cfg)
     model.train()
     losses = []
-    t0 = time.perf_counter()
+    stamps = [time.perf_counter()]  # stamps[i]: when step i began
     step = 0
     while step < total:
         resize = step >= cfg.warmup_steps and step % cfg.resize_every == 0 and step < decay_start(total, cfg)
         if budget_s is not None and resize:
-            total = resized_total(step, time.perf_counter() - t0, budget_s, cfg)
+            k = min(step, 2 * cfg.resize_every)  # the pace of the last 2 re-sizing intervals
+            pace = (stamps[step] - stamps[step - k]) / k
+            total = resized_total(step, stamps[step] - stamps[0], pace, budget_s, cfg)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total, lr, cfg)
         loss = step_fn(next(data_iter))
@@ -294,6 +297,7 @@ def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, pha
         if on_step:
             on_step(phase, step + 1, total, losses[-1])
         step += 1
+        stamps.append(time.perf_counter())
     model.eval()
     return losses
 
@@ -319,7 +323,7 @@ def train_target(cfg: TrainConfig, data: Data, on_step: OnStep | None = None, bu
     steps = cfg.target_steps
     if budget_s is not None:
         sec = _seconds_per_step(model, _ce_step, cfg, batches(data.train_ids, cfg, cfg.seed + 100))
-        steps = max(10, int(budget_s / sec))
+        steps = max(5 * cfg.warmup_steps, int(budget_s / sec))  # a full warm-up from the first step
     losses = _run(model, lambda b: _ce_step(model, b), steps, cfg.target_lr, cfg,
                   batches(data.train_ids, cfg, cfg.seed), "target", on_step, budget_s)
     return model, losses
@@ -332,7 +336,7 @@ def distill_draft(cfg: TrainConfig, data: Data, target, on_step: OnStep | None =
     if budget_s is not None:
         sec = _seconds_per_step(draft, lambda m, b: _kl_step(m, target, b, T), cfg,
                                 batches(data.train_ids, cfg, cfg.seed + 101))
-        steps = max(10, int(budget_s / sec))
+        steps = max(5 * cfg.warmup_steps, int(budget_s / sec))  # a full warm-up from the first step
     losses = _run(draft, lambda b: _kl_step(draft, target, b, T), steps, cfg.draft_lr, cfg,
                   batches(data.train_ids, cfg, cfg.seed + 1), "draft", on_step, budget_s)
     return draft, losses
