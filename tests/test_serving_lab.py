@@ -72,10 +72,15 @@ def test_static_batching_waste_equals_what_the_lengths_imply(model):
     assert (st.wasted_slots == st.wasted_from_lengths).all() and (st.wasted_slots > 0).all()  # len(batch) x longest - sum
 
 
-def test_the_busy_reading_is_cpu_time_over_wall_time():
-    _, busy, source = S.busy_reading(CPU, lambda: sum(i * i for i in range(2_000_000)))  # pure CPU work
-    _, idle, _ = S.busy_reading(CPU, lambda: __import__("time").sleep(0.2))
-    assert source == "CPU time / wall time" and idle < 0.1 < busy <= 1.05
+def test_the_busy_reading_is_cpu_time_over_wall_time(monkeypatch):
+    import time
+
+    clocks = {"thread_time": iter([10.0, 10.6]), "perf_counter": iter([100.0, 101.0])}  # 0.6 s of CPU in 1 s of wall
+    for name, values in clocks.items():
+        monkeypatch.setattr(time, name, lambda v=values: next(v))
+    with torch_threads(1):
+        out, busy, source = S.busy_reading(CPU, lambda: "done")
+    assert out == "done" and source == "CPU time / wall time" and busy == pytest.approx(0.6)
 
 
 def test_a_planted_decode_bug_fails_the_exact_claim_without_crashing_the_lab(model, monkeypatch):

@@ -508,10 +508,9 @@ def _claim_exact(ex) -> Claim:
     r = ex.iloc[0]
     ok = r.max_abs_logit_diff <= r.atol and bool(r.greedy_tokens_equal)
     return Claim("serving.engine_exact", "the engine computes what HF computes",
-                 f"max |logit diff| vs HF's forward over the same tokens <= {r.atol:g} ({r['dtype']}) at every computed position "
-                 "(prefill chunks, decodes, prefix-hit follow-ups), and every greedy token HF's argmax there",
-                 f"max |diff| {r.max_abs_logit_diff:.1e} over {int(r.positions)} positions ({int(r.decode_positions)} decode, "
-                 f"{int(r.prefix_hit_tokens)} prefix-hit tokens); greedy {'equal' if r.greedy_tokens_equal else 'differs'}", bool(ok))
+                 f"max |logit diff| vs HF <= {r.atol:g} ({r['dtype']}) at every computed position; greedy = HF's argmax",
+                 f"{r.max_abs_logit_diff:.1e} at {int(r.positions)} positions ({int(r.decode_positions)} decode, "
+                 f"{int(r.prefix_hit_tokens)} prefix-hit); greedy {'equal' if r.greedy_tokens_equal else 'differs'}", bool(ok))
 
 
 def _claim_idle(conc) -> Claim:
@@ -519,10 +518,10 @@ def _claim_idle(conc) -> Claim:
     rise = best.compute_util / one.compute_util
     busy = one.device_busy
     holds = None if math.isnan(busy) else bool(one.compute_util < COMPUTE_USE_MAX and busy >= BUSY_MIN and rise >= COMPUTE_RISE_MIN)
-    return Claim("serving.one_request_idle", "one request at a time leaves the FLOPs unused while the device looks busy; batching fixes it",
-                 f"at concurrency 1 compute use < {COMPUTE_USE_MAX:.0%} of peak while the device's own busy reading "
-                 f"({one.busy_source}) >= {BUSY_MIN:.0%}; compute use at the best concurrency >= {COMPUTE_RISE_MIN:g}x concurrency 1's",
-                 f"{one.compute_util:.1%} of peak at 1, device busy {busy:.0%}; {best.compute_util:.1%} at "
+    return Claim("serving.one_request_idle", "one request at a time wastes a busy-looking device's FLOPs",
+                 f"at 1: compute < {COMPUTE_USE_MAX:.0%} of peak, busy ({one.busy_source}) >= {BUSY_MIN:.0%}; "
+                 f"at the best >= {COMPUTE_RISE_MIN:g}x the compute",
+                 f"{one.compute_util:.2%} of peak at 1, busy {busy:.0%}; {best.compute_util:.2%} at "
                  f"{int(best.concurrency)} ({rise:.1f}x)", holds,
                  note="not measured: no busy reading (NVML)" if holds is None else None)
 
@@ -532,10 +531,9 @@ def _claim_static(sc) -> Claim:
     s = static.loc[static.p50_ttft_ms.idxmin()]  # static at its best max wait
     waits = ", ".join(f"{w:.0f}" for w in static.max_wait_ms)
     return Claim("serving.continuous_beats_static", "continuous batching beats static batching at its best",
-                 f"continuous p50 and p99 TTFT below those of static's best arm (lowest p50 over max waits {waits} ms; "
-                 "0 = dynamic fill), same arrivals",
+                 f"continuous p50 and p99 TTFT < static's best (max wait {waits} ms)",
                  f"p50 {c.p50_ttft_ms:.0f} vs {s.p50_ttft_ms:.0f} ms, p99 {c.p99_ttft_ms:.0f} vs {s.p99_ttft_ms:.0f} ms "
-                 f"(static waits {s.max_wait_ms:.0f} ms); static wasted {int(s.wasted_slots)} slots ({s.slot_use:.0%} used)",
+                 f"(static waits {s.max_wait_ms:.0f} ms, wastes {int(s.wasted_slots)} slots)",
                  bool(c.p50_ttft_ms < s.p50_ttft_ms and c.p99_ttft_ms < s.p99_ttft_ms),
                  note="below capacity both serve every arrival, so tokens/s match; the wait is what differs")
 
@@ -543,12 +541,11 @@ def _claim_static(sc) -> Claim:
 def _claim_capacity(cap) -> Claim:
     exact = bool((cap.peak_running == cap.formula_max_seqs).all())
     apart = bool((cap.admission_bound != cap.formula_max_seqs).any())
-    pools = ", ".join(f"{int(r.kv_blocks)} blocks: {int(r.peak_running)} (formula {int(r.formula_max_seqs)}, "
-                      f"admission bound {int(r.admission_bound)})" for r in cap.itertuples())
+    col = lambda c: ", ".join(str(int(x)) for x in cap[c])  # noqa: E731
     return Claim("serving.kv_limits_concurrency", "the KV cache, not the weights, caps concurrent conversations",
-                 "at every pool size (weights fixed, max_num_seqs far above) peak running = blocks // blocks per "
-                 "conversation exactly, in a configuration where the bound at admission (blocks // prompt blocks) differs",
-                 f"peak {pools}; {int(cap.preemptions.sum())} preemptions", exact and apart)
+                 "peak running = blocks // blocks per conversation, exactly, at each pool (admission bound differing)",
+                 f"peak {col('peak_running')} at {col('kv_blocks')} blocks; formula {col('formula_max_seqs')}; admission "
+                 f"{col('admission_bound')}", exact and apart)
 
 
 def judge(result: LabResult) -> list[Claim]:
@@ -581,13 +578,13 @@ def judge(result: LabResult) -> list[Claim]:
             ok &= abs(cut - on.expected_hits) <= BLOCK * on.requests and on.p50_ttft_ms < off.p50_ttft_ms
             parts.append(f"L={L}: {int(cut)} fewer tokens, TTFT {off.p50_ttft_ms:.1f} -> {on.p50_ttft_ms:.1f} ms")
         claims.append(Claim("serving.prefix_cache_cuts_prefill", "a shared prefix is computed once",
-                            f"prefill tokens cut by the cached blocks' tokens (within {BLOCK} per request); lower p50 TTFT",
+                            f"prefill cut by the cached blocks' tokens (+-{BLOCK} a request); lower p50 TTFT",
                             "; ".join(parts), bool(ok)))
     ch = _t(result, "chunked")
     if ch is not None and len(ch) == 2:
         one, chunk = ch.iloc[0], ch.iloc[1]
         claims.append(Claim("serving.chunked_prefill_caps_itl", "chunked prefill keeps running decodes smooth",
-                            "lower worst ITL of the running decodes during the long prefill in chunks than in one step",
+                            "lower worst ITL of running decodes, long prefill in chunks vs one step",
                             f"worst ITL {chunk.itl_max_during_ms:.0f} vs {one.itl_max_during_ms:.0f} ms; TTFT "
                             f"{chunk.long_prompt_ttft_ms:.0f} vs {one.long_prompt_ttft_ms:.0f} ms",
                             chunk.itl_max_during_ms < one.itl_max_during_ms))
@@ -611,16 +608,15 @@ def views(result: LabResult) -> list[View]:
         View("1. Concurrency: batching is the lever", "What do more clients buy in tokens/s, and what do they cost in latency?",
              "concurrency", (Col("concurrency", "clients", "int"), Col("output_tokens_per_s", "tokens / s"),
                              Col("p50_ttft_ms", "TTFT p50 ms"), Col("p99_ttft_ms", "TTFT p99 ms"), Col("p50_itl_ms", "ITL p50 ms"),
-                             Col("compute_util", "% of peak FLOPs", "%"), Col("device_busy", "device busy", "%")),
+                             Col("compute_util", "FLOPs use", "%"), Col("device_busy", "busy", "%")),
              chart=Chart("output tokens/s vs clients", "concurrency", "concurrency", "output_tokens_per_s", logx=True,
                          xlabel="clients (log)", ylabel="tokens/s")),
         View("   ... step time vs batch", "Where does a decode step stop being free to widen?", "step_time",
              (Col("decodes", "decodes / step", "int"), Col("step_ms", "step ms"), Col("ms_per_token", "ms / token"))),
         View("2. Static vs continuous batching", "Same Poisson arrivals, short and long replies mixed: who wins?",
-             "static_vs_continuous", (Col("mode", "mode"), Col("max_wait_ms", "max wait ms"), Col("mean_batch", "mean batch"),
+             "static_vs_continuous", (Col("mode", "mode"), Col("max_wait_ms", "wait ms", ".0f"),
                                       Col("output_tokens_per_s", "tokens / s"), Col("p50_ttft_ms", "TTFT p50 ms"),
-                                      Col("p99_ttft_ms", "TTFT p99 ms"), Col("wasted_slots", "wasted slots", "int"),
-                                      Col("slot_use", "slot use", "%"))),
+                                      Col("p99_ttft_ms", "TTFT p99 ms"), Col("wasted_slots", "wasted slots", "int"))),
         View("3. KV capacity limits concurrency", "How many long conversations fit in KV pools of each size, the weights fixed?", "capacity",
              (Col("kv_blocks", "KV blocks", "int"), Col("blocks_per_seq", "blocks / conv.", "int"),
               Col("formula_max_seqs", "formula", "int"), Col("admission_bound", "at admission", "int"),
