@@ -584,7 +584,7 @@ def judge(result: LabResult) -> list[Claim]:
     if ch is not None and len(ch) == 2:
         one, chunk = ch.iloc[0], ch.iloc[1]
         claims.append(Claim("serving.chunked_prefill_caps_itl", "chunked prefill keeps running decodes smooth",
-                            "lower worst ITL of running decodes, long prefill in chunks vs one step",
+                            "worst ITL of running decodes: chunks < one step (long prefill)",
                             f"worst ITL {chunk.itl_max_during_ms:.0f} vs {one.itl_max_during_ms:.0f} ms; TTFT "
                             f"{chunk.long_prompt_ttft_ms:.0f} vs {one.long_prompt_ttft_ms:.0f} ms",
                             chunk.itl_max_during_ms < one.itl_max_during_ms))
