@@ -124,7 +124,7 @@ def test_best_gamma_is_judged_only_on_a_sweep_wide_enough_to_miss():
     res = _fixture()
     res.tables["gamma_sweep"] = res.tables["gamma_sweep"][res.tables["gamma_sweep"].gamma.isin(lab.Config.quick().gammas)]
     c = find(lab.judge(res), "speculative.best_gamma_predicted")
-    assert c.holds is None and "any prediction would pass" in c.note
+    assert c.holds is None and "any prediction lands within one step" in c.note
     res = _fixture()  # five gammas, the measured best at the end: two lie beyond its one step, so it can fail
     res.tables["gamma_sweep"] = res.tables["gamma_sweep"][res.tables["gamma_sweep"].gamma <= 5].reset_index(drop=True)
     _set(res, "gamma_sweep", "speedup", 2.0, lambda d: d.gamma == 5)
@@ -162,6 +162,8 @@ def test_fixture_is_output_run_can_produce(quick_run):
         assert set(df.columns) <= set(real["columns"]), (name, set(df.columns) - set(real["columns"]))
         for col in set(labels) & set(df.columns):
             seen = {r[real["columns"].index(col)] for r in real["rows"]}
+            if "verify_dram" in d["skipped"]:  # the DRAM regime's row, where this machine's cache made it not fit
+                seen.add("DRAM")
             assert set(df[col]) <= seen, (name, col, set(df[col]) - seen)
 
 
@@ -304,7 +306,7 @@ def test_dram_model_is_sized_from_the_cache_the_run_finds(monkeypatch):
     monkeypatch.setattr(D.Device, "free_memory_bytes", lambda self: 6 * 10**9)  # 3 GB usable: not enough
     with pytest.raises(V.TooLarge, match="8x the 527 MB last-level cache"):
         V.dram_model("qwen2.5-0.5b", 8, D.Device("cpu"))
-    with pytest.raises(V.TooLarge, match="MB of weights, more than this run's 2,000 MB"):  # --quick's cap
+    with pytest.raises(V.TooLarge, match="MB: over this run's 2,000 MB"):  # --quick's cap
         V.dram_model("qwen2.5-0.5b", 8, D.Device("cpu"), max_bytes=lab.Config.quick().dram_max_mb * 1e6)
 
 

@@ -297,9 +297,12 @@ def claim_lines(claims: list[Claim], width: int) -> list[Text]:
         first.append("  " + text[0])
         lines.append(first)
         lines += [Text(pad + t) for t in text[1:]]
-        lines += _wrap(f"measured {c.measured};  expected {c.expected}", width, pad, pad + "  ", style="dim")
+        unmeasured = c.holds is None and str(c.measured).strip() in ("", "-") and c.note
+        if not unmeasured:  # a claim not measured, with its reason: the reason is the line to read
+            lines += _wrap(f"measured {c.measured};  expected {c.expected}", width, pad, pad + "  ", style="dim")
         if c.note and c.holds is not True:
-            lines += _wrap(f"why: {c.note}", width, pad, pad + "  ", style="dim")
+            why = c.note.removeprefix("not measured: ")
+            lines += _wrap(f"why: {why}", width, pad, pad + "  ", style="dim")
     return lines
 
 
@@ -321,7 +324,9 @@ def report_lines(result: LabResult, width: int, *, views: list[View] | None = No
     elif not headline:
         lines.append(Text(INDENT + "(no claims)"))
     in_views = {v.table for v in views}
-    notes = [*result.notes, *(f"not measured: {t} ({why})" for t, why in result.skipped.items() if t not in in_views)]
+    said = " ".join(c.note for c in result.claims if c.note)  # a reason a claim already gives is not repeated
+    notes = [*result.notes, *(f"not measured: {t} ({why})" for t, why in result.skipped.items()
+                              if t not in in_views and why not in said)]
     if notes:
         lines += [Text(""), Text("Notes", style="bold")]
         cap = len(notes) if tables == "all" else MAX_NOTES

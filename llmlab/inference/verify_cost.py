@@ -105,8 +105,8 @@ def dram_model(arch: str, llc_multiple: int, device: Device, seed: int = 0, max_
     layers = layers_for(conf, llc_multiple * llc, 4)
     conf.num_hidden_layers = layers
     if 4 * param_count(conf) > max_bytes:
-        raise TooLarge(f"{llc_multiple}x the {llc / 1e6:,.0f} MB last-level cache: arch:{arch} x{layers} layers needs "
-                       f"{4 * param_count(conf) / 1e6:,.0f} MB of weights, more than this run's {max_bytes / 1e6:,.0f} MB")
+        raise TooLarge(f"{llc_multiple}x the {llc / 1e6:,.0f} MB last-level cache takes arch:{arch} x{layers}, "
+                       f"{4 * param_count(conf) / 1e6:,.0f} MB: over this run's {max_bytes / 1e6:,.0f} MB")
     try:
         model, info = build_arch(arch, layers, device, torch.float32, seed)
     except TooLarge as exc:

@@ -744,7 +744,7 @@ def part_verify_curve(res: LabResult, pair: Pair, speed: Pair, cfg: Config, cost
             if not info["llc_read"]:
                 res.note(f"the last-level cache could not be read from sysfs: assumed {info['llc_MB']:.0f} MB")
         except (V.TooLarge, RuntimeError, MemoryError) as exc:  # the in-cache curve stands alone
-            res.skip("verify_dram", f"the DRAM-sized model does not fit: {str(exc).splitlines()[0][:160]}")
+            res.skip("verify_dram", f"no DRAM-sized model: {str(exc).splitlines()[0][:160]}")
     rows, pred = [], []
     for regime, meta, model in regimes:
         ms = V.verify_curve(model, dev, cfg.verify_ks, cfg.verify_samples)
@@ -862,8 +862,7 @@ def judge(result: LabResult) -> list[Claim]:
         got, want = int(df.loc[df.speedup.idxmax()].gamma), int(df.loc[df.predicted_speedup_verify.idxmax()].gamma)
         outside = sum(abs(i - gs.index(got)) > 1 for i in range(len(gs)))
         if outside < BEST_GAMMA_OUTSIDE:
-            raise ValueError(f"{len(gs)} gammas timed and the best one's step either side covers all but {outside}: "
-                             f"any prediction would pass (--gammas: a wider sweep)")
+            raise ValueError(f"{len(gs)} gammas: any prediction lands within one step (--gammas for a wider sweep)")
         return f"best {got}, model {want} (of {len(gs)})", abs(gs.index(got) - gs.index(want)) <= 1
 
     def alpha_beta():
