@@ -415,6 +415,10 @@ def tiny_eval(
 # ---------------------------------------------------------------- labs
 
 
+def _csv(values) -> str:
+    return ",".join(map(str, values))
+
+
 from llmlab.labs.tokens import Config as _TK  # noqa: E402  (light: torch loads inside the lab)
 
 _TKD, _TKQ = _TK(), _TK.quick()
@@ -423,7 +427,7 @@ _TKD, _TKQ = _TK(), _TK.quick()
 @app.command("tokens", rich_help_panel=LABS)
 def tokens(
     model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help=f"Models with a trained tokenizer (repeatable): tiny, tiny-draft, a Hugging Face id or local path. Default: {', '.join(_TKD.models)} ({', '.join(_TKQ.models)} with --quick).", show_default=False)] = None,
-    vocab_sizes: Annotated[Optional[str], typer.Option("--vocab-sizes", help=f"Vocabulary sizes V of part 3, comma-separated (>= 256). Default {','.join(map(str, _TKD.vocab_sizes))} ({','.join(map(str, _TKQ.vocab_sizes))} with --quick).", show_default=False)] = None,
+    vocab_sizes: Annotated[Optional[str], typer.Option("--vocab-sizes", help=f"Vocabulary sizes V of part 3, comma-separated (>= 256). Default {_csv(_TKD.vocab_sizes)} ({_csv(_TKQ.vocab_sizes)} with --quick).", show_default=False)] = None,
     shape: Annotated[Optional[str], typer.Option("--shape", help=f"The layer shape whose vocabulary part 3 sweeps (tiny or arch:NAME; random weights). Default {_TKD.shape} ({_TKQ.shape} with --quick).", show_default=False)] = None,
     permutations: Annotated[Optional[int], typer.Option("--permutations", help=f"Sign flips of part 2's permutation test (>= 100). Default {_TKD.permutations:,} ({_TKQ.permutations:,} with --quick).", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads. Default: torch's, or 1 when the CPU is oversubscribed.", show_default=False)] = None,
@@ -612,10 +616,6 @@ def _ints(text: Optional[str], option: str) -> Optional[tuple[int, ...]]:
         return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
         raise UsageError(f"{option} {text!r}: give whole numbers separated by commas, e.g. 16,64,256") from None
-
-
-def _csv(values) -> str:
-    return ",".join(map(str, values))
 
 
 from llmlab.labs.prefill_decode import Config as _PD  # noqa: E402  (light: torch loads inside the lab)
