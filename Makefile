@@ -7,7 +7,7 @@ OUT     ?= results
 # The CPU build of torch (small, on this disk); a GPU machine takes a CUDA build >= TORCH_FLOOR.
 TORCH_CPU ?= torch==2.13.0
 # The oldest torch the code runs on (SDPA enable_gqa= is 2.5, the CUDA INT8 weight kernel 2.9): the same as
-# pyproject.toml's torch>= and llmlab.core.gpucheck.TORCH_FLOOR.
+# pyproject.toml's torch>= and llmlab.tools.gpucheck.TORCH_FLOOR.
 TORCH_FLOOR := 2.9
 TORCH_BELOW_FLOOR := tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]) < tuple(int(x) for x in '$(TORCH_FLOOR)'.split('.'))
 LABS    := tokens train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
@@ -30,7 +30,7 @@ ifeq ($(HAVE_GPU),1)
 	@# from the PyTorch wheel index the driver runs (gpucheck --pip-index reads nvidia-smi; empty: pip's default index)
 	$(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is None or $(TORCH_BELOW_FLOOR))" 2>/dev/null \
 	  || { $(BIN)/python -m pip uninstall -q -y torch 2>/dev/null; \
-	       $(BIN)/python -m pip install -q "torch>=$(TORCH_FLOOR)" $$($(BIN)/python -m llmlab.core.gpucheck --pip-index); }
+	       $(BIN)/python -m pip install -q "torch>=$(TORCH_FLOOR)" $$($(BIN)/python -m llmlab.tools.gpucheck --pip-index); }
 else
 	@# the CPU build first, and in place of a torch below the floor: pip then never pulls a multi-GB CUDA build
 	$(BIN)/python -c "import torch, sys; sys.exit($(TORCH_BELOW_FLOOR))" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_CPU)
@@ -38,16 +38,18 @@ endif
 	$(BIN)/python -m pip install -q -e ".[dev]"
 ifeq ($(HAVE_GPU),1)
 	@# nvidia-smi sees a GPU: can torch? If not (CPU build, or a wheel for a newer CUDA than the driver), one line with the pip fix
-	@$(BIN)/python -m llmlab.core.gpucheck --install-check
+	@$(BIN)/python -m llmlab.tools.gpucheck --install-check
 endif
 	touch $@
 
 test: install
 	$(BIN)/ruff check llmlab tests benchmarks
+	$(BIN)/lint-imports --no-cache
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 lint: install
 	$(BIN)/ruff check llmlab tests benchmarks
+	$(BIN)/lint-imports --no-cache
 
 # Every lab that exists, full run, into $(OUT)/<lab>/ (your runs: git ignores them), then the HTML report.
 # LAB_ARGS: extra options for every lab (e.g. LAB_ARGS=--quick for a fast pass).
@@ -68,7 +70,7 @@ reference: install
 	  HF_HUB_OFFLINE=1 $(LLMLAB) $$lab --quick --out $(REF) || exit $$?; \
 	done
 	$(LLMLAB) report $(REF) -o $(REF)/report.html
-	$(BIN)/python -m llmlab.readme --results $(REF) --write
+	$(BIN)/python -m llmlab.tools.readme --results $(REF) --write
 
 # Debian's chromium, for the HTML report's browser test (tests/test_report_browser.py); needs root.
 browser:
@@ -85,7 +87,7 @@ $(addprefix lab-,$(LABS)): lab-%: install  # static pattern: make skips implicit
 # a probe of the kernels the labs use, ending in a one-screen summary ($(OUT)/gpu-check/summary.txt).
 GPU_CHECK_DEVICE ?= cuda
 gpu-check: install
-	HF_HUB_OFFLINE=1 $(BIN)/python -m llmlab.core.gpucheck --device $(GPU_CHECK_DEVICE) --out $(OUT)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m llmlab.tools.gpucheck --device $(GPU_CHECK_DEVICE) --out $(OUT)
 
 bench-roofline bench-samplers bench-speculative bench-engine: bench-%: install  # static pattern (see lab-%)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)

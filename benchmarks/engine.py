@@ -37,8 +37,8 @@ import torch
 from llmlab.core.device import resolve_device
 from llmlab.core.models import load
 from llmlab.inference.decode import hf_generate
-from llmlab.serving.engine import Engine, EngineConfig, check_exact
-from llmlab.serving.scheduler import RequestParams
+from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact
+from llmlab.serving.engine.scheduler import RequestParams
 
 GOALS = {"engine at its best / engine at max_num_seqs 1": 3.0, "engine at its best / HF generate at its best": 1.5}
 

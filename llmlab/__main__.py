@@ -1,3 +1,3 @@
-from llmlab.cli import main
+from llmlab.main import main
 
 main()

@@ -6,7 +6,7 @@ lab once instead of twice keeps the suite inside its time budget on 2 cores.
 
 `start_serve(*args)`: a real `llmlab serve` subprocess on 127.0.0.1 and a free port, up and healthy.
 
-`cli(*args)`: `llmlab ARGS` through `llmlab.cli.main()` in this process: (returncode, stdout, stderr). For bad input
+`cli(*args)`: `llmlab ARGS` through `llmlab.main.main()` in this process: (returncode, stdout, stderr). For bad input
 (exit 2, one `error:` line) and --help: a subprocess re-imports torch and transformers, 3-6 s each time.
 tests/test_cli.py keeps one bad-input check in a real process, for the entry point's own exit-2 path.
 
@@ -150,7 +150,7 @@ def cli(capsys, monkeypatch):
     calls sys.exit). Only for what stops before measuring (bad input, --help): a lab that runs here would leave its
     state behind. Env read at import time (CUDA_VISIBLE_DEVICES once torch has started) needs a real subprocess.
     The seeds run_lab sets before a lab's own checks fail are put back afterwards."""
-    from llmlab import cli as llmlab_cli
+    from llmlab import main as llmlab_cli
 
     def run(*args: str, columns: int = 80, env: dict[str, str] | None = None) -> types.SimpleNamespace:
         monkeypatch.setattr(sys, "argv", ["llmlab", *args])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmlab import readme
+from llmlab.tools import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 # a comparison, in symbols or words

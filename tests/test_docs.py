@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmlab import readme
+from llmlab.tools import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "labs").glob("*.md"))]

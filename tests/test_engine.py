@@ -8,9 +8,9 @@ import torch
 
 from llmlab.core.models import load
 from llmlab.inference.decode import generate
-from llmlab.serving.block_manager import BlockManager
-from llmlab.serving.engine import Engine, EngineConfig, check_exact, hf_logits
-from llmlab.serving.scheduler import RequestParams
+from llmlab.serving.engine.block_manager import BlockManager
+from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact, hf_logits
+from llmlab.serving.engine.scheduler import RequestParams
 
 ATOL = 1e-4
 
@@ -148,7 +148,7 @@ def test_check_exact_compares_every_computed_position_with_hf(model):
 
 def _read_one_slot_past(monkeypatch):
     """Plant the bug the check must catch: decode attention reads one key past the sequence's end."""
-    from llmlab.serving.model_runner import ModelRunner
+    from llmlab.serving.engine.model_runner import ModelRunner
 
     orig = ModelRunner.decode_attention
 
@@ -168,7 +168,7 @@ def test_check_exact_catches_decode_reading_one_slot_past(model, monkeypatch):
 
 
 def test_bf16_engine_is_checked_against_the_bf16_bar():
-    from llmlab.serving.engine import exact_atol
+    from llmlab.serving.engine.llm_engine import exact_atol
 
     m = load("tiny", "cpu").model
     eng = Engine(m, EngineConfig(dtype="bfloat16", max_num_batched_tokens=24))  # casts the model in place
@@ -192,7 +192,7 @@ def test_sdpa_calls_without_a_mask_where_none_is_needed(model):
 
 def test_kv_is_expanded_where_only_that_gets_a_fused_kernel(model, monkeypatch):
     """CUDA's rule, played on the CPU: a GQA call with a mask gets MATH, the expanded call a fused kernel."""
-    from llmlab.serving import model_runner as MR
+    from llmlab.serving.engine import model_runner as MR
 
     def oracle(q, k, v, mask=None, is_causal=False, enable_gqa=False):
         return "MATH" if enable_gqa and mask is not None else "EFFICIENT_ATTENTION"
@@ -212,7 +212,7 @@ def test_kv_is_expanded_where_only_that_gets_a_fused_kernel(model, monkeypatch):
 
 
 def test_a_step_makes_one_host_tensor_and_views_of_it(model, monkeypatch):
-    from llmlab.serving import engine as E
+    from llmlab.serving.engine import llm_engine as E
 
     made = []
     real = E.host_to_device
@@ -228,7 +228,7 @@ def test_a_step_makes_one_host_tensor_and_views_of_it(model, monkeypatch):
 
 
 def test_host_to_device_pins_and_copies_without_blocking_on_cuda(monkeypatch):
-    from llmlab.serving.engine import host_to_device
+    from llmlab.serving.engine.llm_engine import host_to_device
 
     seen = {}
     real_tensor = torch.tensor
@@ -245,7 +245,7 @@ def test_host_to_device_pins_and_copies_without_blocking_on_cuda(monkeypatch):
 
 
 def _sampled_seqs(n, **params):
-    from llmlab.serving.scheduler import Sequence
+    from llmlab.serving.engine.scheduler import Sequence
 
     return [Sequence(i, [1], RequestParams(temperature=params.pop("temperature", 0.7), **params)) for i in range(n)]
 
@@ -296,7 +296,7 @@ def test_a_seeded_request_draws_the_same_tokens_alone_or_in_company(model):
 
 
 def test_num_blocks_for_memory_is_what_is_left_after_weights_and_a_step(model):
-    from llmlab.serving.engine import kv_bytes_per_block, num_blocks_for_memory, step_reserve_bytes
+    from llmlab.serving.engine.llm_engine import kv_bytes_per_block, num_blocks_for_memory, step_reserve_bytes
 
     class Dev:
         def total_memory_bytes(self):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmlab.core import gpucheck
+from llmlab.tools import gpucheck
 
 ROOT = Path(__file__).resolve().parents[1]
 SMI_124 = "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4     |\n"
@@ -78,8 +78,8 @@ def test_make_install_on_a_gpu_machine_checks_cuda_and_the_floor(tmp_path):
     recipe = subprocess.run(["make", "-n", "install", "HAVE_GPU=1", f"VENV={venv}"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     assert "torch.version.cuda is None" in recipe and "pip uninstall -q -y torch" in recipe  # a CPU torch is replaced
-    assert '"torch>=2.9" $(' in recipe and "llmlab.core.gpucheck --pip-index" in recipe  # the floor, from the driver's index
-    assert recipe.index("-e \".[dev]\"") < recipe.index("llmlab.core.gpucheck --install-check")  # checked after install
+    assert '"torch>=2.9" $(' in recipe and "llmlab.tools.gpucheck --pip-index" in recipe  # the floor, from the driver's index
+    assert recipe.index("-e \".[dev]\"") < recipe.index("llmlab.tools.gpucheck --install-check")  # checked after install
     cpu_recipe = subprocess.run(["make", "-n", "install", "HAVE_GPU=", f"VENV={venv}"], cwd=ROOT,
                                 capture_output=True, text=True, check=True).stdout
     assert "--install-check" not in cpu_recipe and "pip install -q torch==2.13.0" in cpu_recipe
@@ -88,7 +88,7 @@ def test_make_install_on_a_gpu_machine_checks_cuda_and_the_floor(tmp_path):
 def test_pip_index_runs_before_torch_is_installed():
     # make install asks for the index before torch is there: the module must not import torch for it
     code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv = ['gpucheck', '--pip-index']; "
-            "runpy.run_module('llmlab.core.gpucheck', run_name='__main__')")
+            "runpy.run_module('llmlab.tools.gpucheck', run_name='__main__')")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "" or p.stdout.startswith("--index-url https://download.pytorch.org/whl/cu"), p.stdout
@@ -135,7 +135,7 @@ def _no_gpu_env() -> dict:
 
 
 def test_gpucheck_module_without_cuda_exits_2_with_one_line_and_runs_no_lab(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "llmlab.core.gpucheck", "--out", str(tmp_path)], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "llmlab.tools.gpucheck", "--out", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, env=_no_gpu_env(), timeout=120)
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("gpu-check: "), p.stderr

@@ -8,6 +8,7 @@ import pytest
 
 from llmlab.core import models
 from llmlab.core.errors import UsageError
+from llmlab.inference.decode import stream_text
 
 
 def test_kv_bytes_per_token_known_values():
@@ -155,9 +156,9 @@ def test_shipped_size_under_40_mb():
     assert total <= 40e6
 
 
-def test_stream_generate_yields_pieces():
+def test_stream_text_yields_pieces():
     lm = models.load("tiny")
-    pieces = list(models.stream_generate(lm, "The for statement", max_new_tokens=8))
+    pieces = list(stream_text(lm.model, lm.tokenizer, "The for statement", max_new_tokens=8))
     assert 1 <= len(pieces) <= 8 and "".join(pieces)
 
 
@@ -170,8 +171,8 @@ def test_arch_loads_as_timing_only(monkeypatch):
     assert lm.timing_only and lm.tokenizer is None and lm.kind == "arch"
     assert lm.n_params == models.param_count(lm.config)
     assert all(p.isfinite().all() for p in lm.model.parameters())
-    with pytest.raises(UsageError, match="no tokenizer"):
-        next(models.stream_generate(lm, "hi"))
+    with pytest.raises(ValueError, match="no tokenizer"):
+        next(stream_text(lm.model, lm.tokenizer, "hi"))
 
 
 def test_model_rows_cover_registry():
@@ -186,7 +187,7 @@ def test_model_rows_cover_registry():
 def test_cli_models_json_matches_the_formula():
     from typer.testing import CliRunner
 
-    from llmlab.cli import app
+    from llmlab.main import app
 
     r = CliRunner().invoke(app, ["models", "--json", "--device", "cpu"])
     assert r.exit_code == 0, r.output
@@ -202,7 +203,7 @@ def test_cli_models_json_matches_the_formula():
 def test_cli_generate_streams_the_builtin():
     from typer.testing import CliRunner
 
-    from llmlab.cli import app
+    from llmlab.main import app
 
     r = CliRunner().invoke(app, ["generate", "-n", "6", "--device", "cpu", "def f(x):"])
     assert r.exit_code == 0, r.output

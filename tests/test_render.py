@@ -108,7 +108,7 @@ def test_ascii_line():
 def _labs() -> list[str]:
     import typer.main
 
-    from llmlab.cli import app
+    from llmlab.main import app
 
     group = typer.main.get_command(app)
     return [name for name, cmd in group.commands.items()

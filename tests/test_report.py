@@ -1,4 +1,4 @@
-"""`llmlab report` (the HTML page) and `python -m llmlab.readme` (the README's claims table).
+"""`llmlab report` (the HTML page) and `python -m llmlab.tools.readme` (the README's claims table).
 
 The page is built from a fixture folder of two hand-made runs of a fixture lab (one "GPU"
 machine, one CPU), registered as llmlab.labs.report_fixture: no real lab runs here. The browser
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from llmlab import readme
 from llmlab.core.render import fmt
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
-from llmlab.report import _run_head, cell, chart_figure, load_runs, write_report
+from llmlab.tools import readme
+from llmlab.tools.report import _run_head, cell, chart_figure, load_runs, write_report
 
 LAB = "report-fixture"
 MODULE = "llmlab.labs.report_fixture"
@@ -256,7 +256,7 @@ def test_chart_kinds_draw_one_artist_per_series_or_bar(kind, y, series, lines, b
 
 
 def test_matplotlib_is_imported_only_when_drawing():
-    code = "import sys, llmlab.cli, llmlab.report, llmlab.readme; print('matplotlib' in sys.modules)"
+    code = "import sys, llmlab.cli, llmlab.tools.report, llmlab.tools.readme; print('matplotlib' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"
@@ -306,8 +306,8 @@ def test_readme_claims_block_matches_the_saved_results():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     if not (readme.block(text) or "").strip():
         pytest.skip(f"README.md has no {readme.BEGIN} / {readme.END} markers yet, or nothing between them "
-                    "(`python -m llmlab.readme --write` fills them)")
+                    "(`python -m llmlab.tools.readme --write` fills them)")
     skipped: list = []
     table = readme.claims_table(REPO / readme.REFERENCE, skipped)
     assert skipped == [], "results/reference/ holds files no lab can read (they would be missing from the README's table)"
-    assert readme.block(text) == table, "README's claims table differs from results/reference/: run `python -m llmlab.readme --write`"
+    assert readme.block(text) == table, "README's claims table differs from results/reference/: run `python -m llmlab.tools.readme --write`"

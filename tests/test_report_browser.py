@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from test_report import MODULE, _module, make_results  # tests/ is on sys.path (pytest's rootdir-relative import)
 
-from llmlab.report import write_report
+from llmlab.tools.report import write_report
 
 IN_CI = bool(os.environ.get("CI"))
 TIMEOUT = 60  # seconds: a cold Chromium start on a loaded 2-core machine takes ~5-10 s

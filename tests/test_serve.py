@@ -24,7 +24,7 @@ import pytest
 from conftest import ROOT, start_serve, stop_serve
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmlab.serving.client import RequestRecord, calculate_metrics, run_load, stream_completion
+from llmlab.loadgen.client import RequestRecord, calculate_metrics, run_load, stream_completion
 
 KV_BLOCKS = 64  # a 1024-token context: small enough to send a prompt past it
 
@@ -234,8 +234,8 @@ def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
     from llmlab.core.models import load
     from llmlab.core.results import LabResult
     from llmlab.labs import serving as S
-    from llmlab.serving.engine import Engine, EngineConfig
-    from llmlab.serving.scheduler import RequestParams
+    from llmlab.serving.engine.llm_engine import Engine, EngineConfig
+    from llmlab.serving.engine.scheduler import RequestParams
 
     base, _ = server
     cfg = S.Config(concurrencies=(1, 2), max_concurrency=2, requests_per_level=1, prompt_len=8, output_len=6, endpoint=base)
@@ -571,7 +571,7 @@ def test_the_pool_on_cuda_is_what_the_served_gpus_free_memory_holds(monkeypatch)
     from llmlab.core.device import Device
     from llmlab.core.errors import UsageError
     from llmlab.core.models import load
-    from llmlab.serving.engine import kv_bytes_per_block, step_reserve_bytes
+    from llmlab.serving.engine.llm_engine import kv_bytes_per_block, step_reserve_bytes
     from llmlab.serving.server import launch
 
     model = load("tiny", "cpu").model
@@ -601,8 +601,8 @@ def test_an_engine_fault_fails_its_batch_alone_and_the_engine_goes_on():
 
     from llmlab.core.models import load
     from llmlab.inference.sampling import NoTokenError
-    from llmlab.serving.engine import Engine, EngineConfig
-    from llmlab.serving.scheduler import RequestParams
+    from llmlab.serving.engine.llm_engine import Engine, EngineConfig
+    from llmlab.serving.engine.scheduler import RequestParams
     from llmlab.serving.server.async_engine import AsyncEngine, Fault, Handle
     from llmlab.serving.server.metrics import Metrics
 

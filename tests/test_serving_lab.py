@@ -84,7 +84,7 @@ def test_the_busy_reading_is_cpu_time_over_wall_time(monkeypatch):
 
 
 def test_a_planted_decode_bug_fails_the_exact_claim_without_crashing_the_lab(model, monkeypatch):
-    from llmlab.serving.model_runner import ModelRunner
+    from llmlab.serving.engine.model_runner import ModelRunner
 
     orig = ModelRunner.decode_attention
     monkeypatch.setattr(ModelRunner, "decode_attention", lambda self, q, kb, vb, t, lens, same: orig(

@@ -167,7 +167,7 @@ def test_curriculum_shares_and_windows_are_as_configured():
 def _cli(*args):
     from typer.testing import CliRunner
 
-    from llmlab.cli import app
+    from llmlab.main import app
 
     r = CliRunner().invoke(app, list(args))
     assert r.exit_code == 0, r.output
@@ -176,13 +176,17 @@ def _cli(*args):
 
 def test_generate_samples_by_default_and_greedy_at_temperature_0():
     from llmlab.core import models
+    from llmlab.inference.decode import SamplingParams, stream_text
 
     lm = models.load("tiny")
-    greedy = "".join(models.stream_generate(lm, "The list method", max_new_tokens=16))
+
+    def text(params=SamplingParams(), seed=0):
+        return "".join(stream_text(lm.model, lm.tokenizer, "The list method", 16, params, seed))
+
+    greedy = text()
     # a nucleus of p -> 0 keeps only the most likely token: sampling from it is greedy decoding
-    assert "".join(models.stream_generate(lm, "The list method", 16, temperature=1.0, top_p=1e-9)) == greedy
-    sampled = {"".join(models.stream_generate(lm, "The list method", 16, temperature=0.8, seed=s, top_p=0.95))
-               for s in range(4)}
+    assert text(SamplingParams(temperature=1.0, top_p=1e-9)) == greedy
+    sampled = {text(SamplingParams(temperature=0.8, top_p=0.95), seed=s) for s in range(4)}
     assert len(sampled) > 1  # four seeds of a sampler over a 4,096-token vocabulary: not one fixed text
 
     r = _cli("generate", "-n", "16", "--device", "cpu", "The list method")

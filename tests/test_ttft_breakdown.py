@@ -16,9 +16,13 @@ import torch
 
 from llmlab.core.device import resolve_device, torch_threads
 from llmlab.core.results import LabResult, find
-from llmlab.inference import retrieval, serving
-from llmlab.inference.serving import Request, Trace
+from llmlab.inference import retrieval
 from llmlab.labs import ttft_breakdown as lab
+from llmlab.labs.ttft_breakdown import pipeline
+from llmlab.labs.ttft_breakdown.pipeline import Request
+from llmlab.loadgen import arrivals, metrics, queueing
+from llmlab.loadgen.metrics import Trace
+from llmlab.serving import chat
 
 CPU = resolve_device("cpu")
 
@@ -84,32 +88,32 @@ def test_lindley_equals_an_event_simulation():
     rng = np.random.default_rng(1)
     a = np.cumsum(rng.exponential(1.0, 500))
     s = rng.uniform(0.2, 1.6, 500)
-    np.testing.assert_allclose(serving.lindley(a, s), _fcfs_brute(a, s), atol=1e-9)
+    np.testing.assert_allclose(queueing.lindley(a, s), _fcfs_brute(a, s), atol=1e-9)
 
 
 def test_md1_and_mm1_formulas_and_the_long_run_simulation():
-    assert serving.md1_wait(0.5, 1.0) == pytest.approx(0.5)  # rho D / (2 (1 - rho))
-    assert serving.mm1_wait(0.5, 1.0) == pytest.approx(1.0)  # twice M/D/1
-    assert math.isinf(serving.md1_wait(1.0, 1.0))
+    assert queueing.md1_wait(0.5, 1.0) == pytest.approx(0.5)  # rho D / (2 (1 - rho))
+    assert queueing.mm1_wait(0.5, 1.0) == pytest.approx(1.0)  # twice M/D/1
+    assert math.isinf(queueing.md1_wait(1.0, 1.0))
     rng = np.random.default_rng(0)
-    long = serving.finite_run_waits(0.6, 1.0, 4000, 40, rng)["mean_s"]
-    assert long == pytest.approx(serving.md1_wait(0.6, 1.0), rel=0.1)
-    short = serving.finite_run_waits(0.95, 1.0, 10, 2000, rng)["mean_s"]
-    assert short < 0.5 * serving.md1_wait(0.95, 1.0)  # a short run from empty stays far below steady state
-    assert serving.mg1_wait(0.5, [1.0]) == pytest.approx(serving.md1_wait(0.5, 1.0))  # M/G/1 with D = M/D/1
+    long = queueing.finite_run_waits(0.6, 1.0, 4000, 40, rng)["mean_s"]
+    assert long == pytest.approx(queueing.md1_wait(0.6, 1.0), rel=0.1)
+    short = queueing.finite_run_waits(0.95, 1.0, 10, 2000, rng)["mean_s"]
+    assert short < 0.5 * queueing.md1_wait(0.95, 1.0)  # a short run from empty stays far below steady state
+    assert queueing.mg1_wait(0.5, [1.0]) == pytest.approx(queueing.md1_wait(0.5, 1.0))  # M/G/1 with D = M/D/1
     expo = rng.exponential(1.0, 400_000)
-    assert serving.mg1_wait(0.5, expo) == pytest.approx(serving.mm1_wait(0.5, 1.0), rel=0.02)  # E[S^2] = 2 D^2
-    mg = serving.finite_run_waits(0.5, expo, 3000, 40, rng)["mean_s"]
-    assert mg == pytest.approx(serving.mm1_wait(0.5, 1.0), rel=0.1)
+    assert queueing.mg1_wait(0.5, expo) == pytest.approx(queueing.mm1_wait(0.5, 1.0), rel=0.02)  # E[S^2] = 2 D^2
+    mg = queueing.finite_run_waits(0.5, expo, 3000, 40, rng)["mean_s"]
+    assert mg == pytest.approx(queueing.mm1_wait(0.5, 1.0), rel=0.1)
 
 
 def test_poisson_offsets():
     rng = np.random.default_rng(0)
-    off = serving.poisson_offsets(4.0, 20000, rng)
+    off = arrivals.poisson_offsets(4.0, 20000, rng)
     assert np.all(np.diff(off) >= 0)
     assert np.mean(np.diff(off)) == pytest.approx(0.25, rel=0.03)
     with pytest.raises(ValueError):
-        serving.poisson_offsets(0.0, 3, rng)
+        arrivals.poisson_offsets(0.0, 3, rng)
 
 
 def test_fcfs_worker_waits_match_lindley():
@@ -121,9 +125,9 @@ def test_fcfs_worker_waits_match_lindley():
         return tr
 
     offsets = np.array([0.0, 0.001, 0.002, 0.030, 0.031, 0.080])
-    traces = serving.run_fcfs(offsets, serve_one)
+    traces = arrivals.run_fcfs(offsets, serve_one)
     waits = np.array([t.queue_ms for t in traces])
-    want = serving.lindley(offsets, [t.service_ms / 1e3 for t in traces]) * 1e3
+    want = queueing.lindley(offsets, [t.service_ms / 1e3 for t in traces]) * 1e3
     # the worker never starts a request before it arrives or before the previous one ended
     assert all(t.start_ns >= t.send_ns for t in traces)
     assert all(b.start_ns >= a.end_ns for a, b in zip(traces, traces[1:], strict=False))
@@ -144,12 +148,12 @@ def test_streaming_metric_definitions():
     assert t.tpot_ms == pytest.approx(20.0)  # (160 - 100) / 3
     assert t.itl_ms == [20, 30, 10]
     assert t.queue_ms == 10 and t.unattributed_ms == pytest.approx(1.0)
-    m = {(r["tool"], r["metric"]): r["value_ms"] for r in serving.tool_metrics([t])}
+    m = {(r["tool"], r["metric"]): r["value_ms"] for r in metrics.tool_metrics([t])}
     assert m[("GenAI-Perf", "inter_token_latency")] == pytest.approx(20.0)
     assert m[("llmperf", "inter_token_latency")] == pytest.approx(40.0)  # 160 / 4: includes the TTFT
     assert m[("guidellm", "time_per_output_token_ms")] == pytest.approx(40.0)
     assert m[("guidellm", "inter_token_latency_ms")] == pytest.approx(20.0)
-    p = serving.vllm_metrics([t])
+    p = metrics.vllm_metrics([t])
     assert p["ITL"]["p50_ms"] == 20 and p["TTFT"]["n"] == 1
 
 
@@ -186,13 +190,13 @@ def test_serve_streams_what_hf_generate_would(small_llama):
     from llmlab.inference.decode import hf_generate
 
     model, tok = small_llama
-    tr = serving.serve(model, tok, CPU, Request("How does a for loop work?", new_tokens=6))
-    text, _ = serving.render_chat(tok, serving.SYSTEM, "How does a for loop work?")
+    tr = pipeline.serve(model, tok, CPU, Request("How does a for loop work?", new_tokens=6))
+    text, _ = chat.render_chat(tok, pipeline.SYSTEM, "How does a for loop work?")
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
     assert tr.prompt_tokens == ids.shape[1] and tr.n == 6
     assert tr.tokens == hf_generate(model, ids, 6)[0].tolist()
     assert set(tr.phases) == {"template_tokenize", "prefill", "first_token"}
-    short = serving.serve(model, tok, CPU, Request("x " * 400, new_tokens=2, max_prompt_tokens=100))
+    short = pipeline.serve(model, tok, CPU, Request("x " * 400, new_tokens=2, max_prompt_tokens=100))
     assert short.prompt_tokens == 100
 
 
@@ -225,13 +229,13 @@ def test_serve_attributes_an_injected_delay_to_its_phase(small_llama, target):
     def once(delayed: bool) -> dict:
         use, hook = tok, nullcontext()
         if delayed and target == "template_tokenize":
-            use = serving.Delayed(tok, DELAY_MS / 1e3, "__call__")
+            use = pipeline.Delayed(tok, DELAY_MS / 1e3, "__call__")
         elif delayed and target == "first_token":
-            use = serving.Delayed(tok, DELAY_MS / 1e3, "decode")
+            use = pipeline.Delayed(tok, DELAY_MS / 1e3, "decode")
         elif delayed:
-            hook = serving.slowed_forward(model, DELAY_MS / 1e3)
+            hook = pipeline.slowed_forward(model, DELAY_MS / 1e3)
         with hook:
-            return serving.serve(model, use, CPU, req).breakdown()
+            return pipeline.serve(model, use, CPU, req).breakdown()
 
     with torch_threads(1):  # one thread: OpenMP threads waiting for descheduled peers would add 100s of ms
         once(False)

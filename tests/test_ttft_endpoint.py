@@ -22,8 +22,8 @@ from conftest import ROOT, free_port, start_serve, stop_serve
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmlab.core.results import LabResult
-from llmlab.labs import _ttft_endpoint as E
-from llmlab.serving import probe
+from llmlab.labs.ttft_breakdown import endpoint as E
+from llmlab.loadgen import probe
 
 SECRET = "sk-test-never-written-0123456789"
 
@@ -259,7 +259,7 @@ def test_ctrl_c_keeps_what_was_measured(server, tmp_path):
 
 
 def test_client_net_is_what_the_server_does_not_report():
-    from llmlab.serving.client import RequestRecord
+    from llmlab.loadgen.client import RequestRecord
 
     rec = RequestRecord(0, send_ns=0, chunk_ns=[50_000_000, 60_000_000], timings={"queue_ms": 5.0, "prompt_ms": 30.0, "cache_n": 0})
     w = probe.waterfall(rec)
@@ -289,8 +289,9 @@ def test_the_endpoint_is_asked_once_per_run(monkeypatch):
     from types import SimpleNamespace
 
     from llmlab.core.results import LabResult
-    from llmlab.labs import _ttft_endpoint, ttft_breakdown
-    from llmlab.serving import probe
+    from llmlab.labs.ttft_breakdown import endpoint as _ttft_endpoint
+    from llmlab.labs import ttft_breakdown
+    from llmlab.loadgen import probe
 
     class Stop(Exception):
         pass

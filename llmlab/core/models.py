@@ -24,7 +24,6 @@ import json
 import re
 import socket
 import urllib.parse
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -420,44 +419,3 @@ def model_rows(device: Device | str = "cpu", dtype="bfloat16") -> list[dict]:
             fits=need <= 0.9 * free, timing_only=ref.startswith("arch:"),
         ))
     return rows
-
-
-def stream_generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0,
-                    seed: int = 0, top_p: float = 1.0) -> Iterator[str]:
-    """Yield the continuation's text, one piece per decoded token (greedy at temperature 0, else
-    sampled at that temperature from the top_p nucleus; 1.0 keeps every token); a piece is "" while
-    a multi-byte character is still incomplete. Stops at end-of-text."""
-    import torch
-
-    from llmlab.inference.sampling import top_p as nucleus
-
-    if lm.tokenizer is None:
-        raise UsageError(f"{lm.ref} has random weights and no tokenizer: generate needs a trained model")
-    device = next(lm.model.parameters()).device
-    ids = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
-    if ids.shape[1] == 0:
-        raise UsageError("the prompt is empty")
-    g = torch.Generator(device=device).manual_seed(seed)
-    eos = lm.tokenizer.eos_token_id
-    new: list[int] = []
-    shown = ""
-    with torch.no_grad():
-        out = lm.model(input_ids=ids, use_cache=True)
-        for _ in range(max_new_tokens):
-            logits = out.logits[:, -1].float()  # (1, V)
-            if temperature > 0:
-                kept = nucleus(logits / temperature, top_p) if top_p < 1.0 else logits / temperature
-                nxt = torch.multinomial(torch.softmax(kept, -1), 1, generator=g)
-            else:
-                nxt = logits.argmax(-1, keepdim=True)  # (1, 1)
-            tok = int(nxt)
-            if tok == eos:
-                break
-            new.append(tok)
-            text = lm.tokenizer.decode(new)
-            if text.endswith("\ufffd"):  # half a UTF-8 character: hold it back, one piece per token still
-                yield ""
-            else:
-                yield text[len(shown):]
-                shown = text
-            out = lm.model(input_ids=nxt, cache=out.cache, use_cache=True)

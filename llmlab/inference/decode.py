@@ -1,6 +1,7 @@
 """Prefill and decode over a Hugging Face causal LM with a KV cache: a lean loop, gpt-fast style.
 
-Reading order: `forward` -> `prefill` -> `decode_one_token` -> `decode_n_tokens` -> `generate`.
+Reading order: `forward` -> `prefill` -> `decode_one_token` -> `iter_tokens` (the one decode loop) ->
+`decode_n_tokens` -> `generate`; `stream_text` streams the loop's tokens as text.
 
 References:
 - gpt-fast generate.py (prefill / decode_one_token / decode_n_tokens).
@@ -15,8 +16,9 @@ every step; this loop is what is left when those are taken out, so the labs can 
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -110,6 +112,35 @@ class Generation:
         return (len(self.step_s) / total) if total > 0 else float("nan")
 
 
+def iter_tokens(
+    model,
+    cache,
+    first: torch.Tensor,
+    n: int,
+    params: SamplingParams = SamplingParams(),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | None = None,
+    sync: Callable[[], None] | None = None,
+) -> Iterator[tuple[torch.Tensor, float]]:
+    """The decode loop: up to `n` (token (B, 1), step seconds) after `first` (B, 1). A row that has
+    emitted EOS keeps emitting EOS; the loop stops when every row has."""
+    tok = first
+    done = (tok == eos_token_id).squeeze(1) if eos_token_id is not None else None
+    for _ in range(n):
+        if done is not None and bool(done.all()):
+            return
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            logits = decode_one_token(model, tok, cache)
+            tok = next_token(logits, params, generator)
+        if done is not None:
+            tok = torch.where(done.unsqueeze(1), torch.full_like(tok, eos_token_id), tok)
+            done = done | (tok.squeeze(1) == eos_token_id)
+        if sync:
+            sync()
+        yield tok, time.perf_counter() - t0
+
+
 @torch.inference_mode()
 def decode_n_tokens(
     model,
@@ -127,20 +158,8 @@ def decode_n_tokens(
     Returns the new tokens (each (B, 1)) and the wall time of each step in seconds.
     """
     tokens, times = [], []
-    tok = first
-    done = (tok == eos_token_id).squeeze(1) if eos_token_id is not None else None
-    for _ in range(n):
-        if done is not None and bool(done.all()):
-            break
-        t0 = time.perf_counter()
-        logits = decode_one_token(model, tok, cache)
-        tok = next_token(logits, params, generator)
-        if done is not None:
-            tok = torch.where(done.unsqueeze(1), torch.full_like(tok, eos_token_id), tok)
-            done = done | (tok.squeeze(1) == eos_token_id)
-        if sync:
-            sync()
-        times.append(time.perf_counter() - t0)
+    for tok, dt in iter_tokens(model, cache, first, n, params, generator, eos_token_id, sync):
+        times.append(dt)
         tokens.append(tok)
         if on_token:
             on_token(tok)
@@ -192,3 +211,32 @@ def hf_generate(model, input_ids: torch.Tensor, max_new_tokens: int, **kw) -> to
         **kw,
     )
     return out[:, input_ids.shape[1] :]
+
+
+def stream_text(model, tokenizer, prompt: str, max_new_tokens: int = 64, params: SamplingParams = SamplingParams(),
+                seed: int = 0) -> Iterator[str]:
+    """Yield the continuation's text, one piece per decoded token; a piece is "" while a multi-byte
+    character is still incomplete. Stops at end-of-text."""
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer (random weights): text generation needs a trained model")
+    device = next(model.parameters()).device
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
+    if ids.shape[1] == 0:
+        raise ValueError("the prompt is empty")
+    g = torch.Generator(device=device).manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    cache = new_cache(model)
+    first = next_token(prefill(model, ids, cache), params, g)
+    tokens = itertools.chain([first], (t for t, _ in iter_tokens(model, cache, first, max_new_tokens - 1, params, g)))
+    new: list[int] = []
+    shown = ""
+    for tok in tokens:
+        if int(tok) == eos:
+            return
+        new.append(int(tok))
+        text = tokenizer.decode(new)
+        if text.endswith("\ufffd"):  # half a UTF-8 character: hold it back, one piece per token still
+            yield ""
+        else:
+            yield text[len(shown):]
+            shown = text

@@ -327,7 +327,7 @@ def _flops(model, shape, phase: str, new: int, context: int, x: torch.Tensor):
     The counter counts SDPA on every device (core.flops' mapping for the CPU kernel), so attention's core is in both."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from llmlab.core.flops import sdpa_flop_mapping
+    from llmlab.inference.flopcount import sdpa_flop_mapping
 
     t = shape
     rows = new  # positions through each layer (batch 1)

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING
 
 from llmlab.core.device import Device, cpu_load, last_level_cache_bytes, torch_threads
 from llmlab.core.errors import MeasurementError, UsageError
-from llmlab.core.flops import Shape, counted_flops, crossover_batch, decode_cost, kv_bytes, prefill_cost
+from llmlab.core.flops import Shape, crossover_batch, decode_cost, kv_bytes, prefill_cost
 from llmlab.core.timing import LATENCY, Stats, Stopwatch, measure
+from llmlab.inference.flopcount import counted_flops
 
 if TYPE_CHECKING:  # torch and pandas load inside the functions: the CLI reads Config's defaults for --help
     import pandas as pd

@@ -1,7 +1,7 @@
 """Lab: serving — batching, concurrency, KV capacity, prefix reuse, chunked prefill, cost per token.
 
 The series' production half, measured on llmlab's own paged, continuously batching engine
-(llmlab.serving.engine, checked against HF at every computed position before any timing), or on
+(llmlab.serving.engine.llm_engine, checked against HF at every computed position before any timing), or on
 any OpenAI-compatible server with --endpoint URL (parts 1 and 4; the others need the engine's internals).
 
 The model: the built-in `tiny` on a CPU. On CUDA the default `tiny` (23 MB) would sit in the GPU's
@@ -158,13 +158,13 @@ def speed_model(cfg: Config, device: Device):
 
 
 def _engine(model, **kw):
-    from llmlab.serving.engine import Engine, EngineConfig
+    from llmlab.serving.engine.llm_engine import Engine, EngineConfig
 
     return Engine(model, EngineConfig(**kw))
 
 
 def _params(n: int):
-    from llmlab.serving.scheduler import RequestParams
+    from llmlab.serving.engine.scheduler import RequestParams
 
     return RequestParams(max_tokens=n, ignore_eos=True)
 
@@ -175,7 +175,7 @@ def _prompts(n: int, length: int, vocab: int, rng: random.Random) -> list[list[i
 
 def records(seqs) -> list:
     """Engine sequences as the HTTP client's RequestRecords: one metric definition for both."""
-    from llmlab.serving.client import RequestRecord
+    from llmlab.loadgen.client import RequestRecord
 
     return [RequestRecord(index=i, send_ns=s.arrival_ns, chunk_ns=list(s.token_ns), prompt_tokens=len(s.prompt_ids),
                           output_tokens=len(s.output_ids), output_tokens_source="engine", status=200) for i, s in enumerate(seqs)]
@@ -286,7 +286,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
 def part_exact(res, model, vocab: int, rng) -> None:
     """The engine against HF at every position it computes (prefill chunks, decodes, prefix-hit follow-ups):
     the measured diff and greedy flag go into the table; the judge decides."""
-    from llmlab.serving.engine import check_exact
+    from llmlab.serving.engine.llm_engine import check_exact
 
     eng = _engine(model, enable_prefix_cache=True, max_num_batched_tokens=48)
     prompts = _prompts(3, 40, vocab, rng) + [_prompts(1, 20, vocab, rng)[0]]
@@ -313,7 +313,7 @@ def _model_costs(model, device: Device) -> dict:
 
 
 def part_concurrency(res, cfg: Config, model, device: Device, vocab: int, rng) -> None:
-    from llmlab.serving.client import calculate_metrics
+    from llmlab.loadgen.client import calculate_metrics
 
     costs = _model_costs(model, device)
     rows, steps = [], []
@@ -348,7 +348,7 @@ def part_concurrency(res, cfg: Config, model, device: Device, vocab: int, rng) -
 def part_static(res, cfg: Config, model, vocab: int, rng) -> None:
     """Poisson arrivals at about 80% of the engine's batch-of-B capacity; static batches of B (dynamic fill,
     each max wait of the sweep) vs continuous. The request count is a multiple of B."""
-    from llmlab.serving.client import calculate_metrics
+    from llmlab.loadgen.client import calculate_metrics
 
     b = cfg.static_batch()
     n = max(b, cfg.arrivals // b * b)
@@ -411,7 +411,7 @@ def capacity_formula_rows(context: int = 4096) -> list[dict]:
 
 def part_prefix(res, cfg: Config, model, vocab: int, rng) -> None:
     """N requests = a shared system prompt of L tokens + 16 own tokens, one at a time; cache off, then on."""
-    from llmlab.serving.client import calculate_metrics
+    from llmlab.loadgen.client import calculate_metrics
 
     rows = []
     ctx = getattr(model.config, "max_position_embeddings", 8192)
@@ -458,7 +458,7 @@ def part_endpoint(res, cfg: Config, vocab: int, rng) -> None:
     """Parts 1 and 4 against an OpenAI-compatible server (client-side metrics, vLLM's definitions)."""
     import asyncio
 
-    from llmlab.serving.client import calculate_metrics, run_load
+    from llmlab.loadgen.client import calculate_metrics, run_load
 
     url = cfg.endpoint.rstrip("/") + "/v1/completions"
     words = "the of and to in is that for it as with was on be by this are or".split()

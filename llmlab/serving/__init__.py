@@ -1,14 +1,11 @@
-"""Serving: a small paged, continuously batching engine, an OpenAI-compatible server over it, and a
-streaming client that measures any OpenAI-compatible server.
+"""Serving: a small paged, continuously batching engine and an OpenAI-compatible server over it.
 
-Reading order: `block_manager` (paged KV blocks, prefix hashes) -> `scheduler` (sequences, token
-budget, preemption) -> `model_runner` (the ragged Llama forward over the block tables) -> `engine`
-(one step: schedule, run, sample, stamp) -> `server` (HTTP, SSE, /metrics) -> `client` (load
-generator and vLLM-style metrics).
+Reading order: `engine/` (`block_manager`: paged KV blocks, prefix hashes -> `scheduler`:
+sequences, token budget, preemption -> `model_runner`: the ragged Llama forward over the block
+tables -> `llm_engine`: one step: schedule, run, sample, stamp) -> `server/` (HTTP, SSE, /metrics)
+-> `chat` (the chat template the server and the ttft lab share).
 
-Why `llmlab/serving/` and not `llmlab/inference/engine.py` (as issue 13 first wrote): DESIGN.md's
-layout puts the engine, the server and the client together under `serving/`, one layer above
-`inference/` (arrows point `serving -> inference -> core`); the engine uses `inference.sampling`
-and is checked against `inference.decode`, so it sits above them. `inference/serving.py` stays
-the ttft lab's single-worker simulator.
+The engine uses `inference.sampling` and is checked against `inference.decode`, so it sits one
+layer above `inference/`. What measures a server from outside (client, probe, metrics) is
+`llmlab.loadgen`, beside this package: neither imports the other.
 """

@@ -47,7 +47,7 @@ from llmlab.serving.server.sse import sse_response
 from llmlab.serving.server.stops import TextStream
 
 if TYPE_CHECKING:
-    from llmlab.serving.engine import Engine
+    from llmlab.serving.engine.llm_engine import Engine
 
 now_ns = time.perf_counter_ns
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS
@@ -58,7 +58,7 @@ def render_messages(tokenizer, messages: list[dict]) -> str:
     """The tokenizer's chat template when it has one; else llmlab's plain one (ttft lab's render_chat)."""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    from llmlab.inference.serving import render_chat
+    from llmlab.serving.chat import render_chat
 
     system = "\n".join(m["content"] for m in messages if m["role"] in ("system", "developer"))
     turns = [m for m in messages if m["role"] not in ("system", "developer")]
@@ -110,7 +110,7 @@ class Server:
             raise APIError(400, "token ids out of the vocabulary", param)
 
     def params(self, req, n_prompt: int, chat: bool):
-        from llmlab.serving.scheduler import RequestParams
+        from llmlab.serving.engine.scheduler import RequestParams
 
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:  # OpenAI: 16 for completions; chat: what the context leaves, at most 256

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llmlab.serving.engine import Engine
-    from llmlab.serving.scheduler import RequestParams, Sequence
+    from llmlab.serving.engine.llm_engine import Engine
+    from llmlab.serving.engine.scheduler import RequestParams, Sequence
     from llmlab.serving.server.metrics import Metrics
 
 now_ns = time.perf_counter_ns

@@ -44,7 +44,7 @@ def size_pool(model, dev, kv_blocks: int | None, block_size: int, utilization: f
     import torch
 
     from llmlab.core.errors import UsageError
-    from llmlab.serving.engine import num_blocks_for_memory
+    from llmlab.serving.engine.llm_engine import num_blocks_for_memory
 
     torch.cuda.empty_cache()  # the exactness check's buffers are not the server's
     try:
@@ -60,7 +60,7 @@ def build(model: str, dev, dtype: str, kv_blocks: int | None, max_num_seqs: int,
 
     from llmlab.core.errors import UsageError
     from llmlab.core.models import load
-    from llmlab.serving.engine import Engine, EngineConfig, check_exact
+    from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact
 
     lm = load(model, dev, dtype)
     if lm.tokenizer is None:

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from llmlab.serving.scheduler import Sequence
+    from llmlab.serving.engine.scheduler import Sequence
 
 now_ns = time.perf_counter_ns
 

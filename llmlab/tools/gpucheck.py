@@ -1,9 +1,9 @@
 """`make gpu-check`: can torch use CUDA, then every lab in --quick mode, a served model and the kernels, one summary.
 
-    python -m llmlab.core.gpucheck [--device cuda] [--labs "roofline samplers"] [--out results] [--skip serve,probe]
-    python -m llmlab.core.gpucheck --install-check      # what `make install` runs on a GPU machine
-    python -m llmlab.core.gpucheck --pip-index          # the PyTorch wheel index `make install` uses on a GPU machine
-    python -m llmlab.core.gpucheck --probe --device D   # the kernel probe alone, as JSON (run in a subprocess)
+    python -m llmlab.tools.gpucheck [--device cuda] [--labs "roofline samplers"] [--out results] [--skip serve,probe]
+    python -m llmlab.tools.gpucheck --install-check      # what `make install` runs on a GPU machine
+    python -m llmlab.tools.gpucheck --pip-index          # the PyTorch wheel index `make install` uses on a GPU machine
+    python -m llmlab.tools.gpucheck --probe --device D   # the kernel probe alone, as JSON (run in a subprocess)
 
 In order: (1) the preflight: on a CUDA device torch must be at least TORCH_FLOOR and see the GPU;
 otherwise one line on stderr names what to install and the check exits 2 before any lab runs.
@@ -355,7 +355,7 @@ def probe_kernels(device: str) -> list[dict]:
 
 def probe_subprocess(device: str, timeout_s: float = 120) -> list[dict]:
     """The probe in its own process (a CUDA fault there cannot take gpu-check down)."""
-    argv = [sys.executable, "-m", "llmlab.core.gpucheck", "--probe", "--device", device]
+    argv = [sys.executable, "-m", "llmlab.tools.gpucheck", "--probe", "--device", device]
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
         if p.returncode == 0:
@@ -437,7 +437,7 @@ def gpu_check(labs: list[str], device: str, out: Path, timeout_s: float = LAB_TI
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmlab.core.gpucheck", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m llmlab.tools.gpucheck", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="device for every lab (cpu works too: the same check without a GPU)")
     ap.add_argument("--labs", default=None, help="space- or comma-separated lab names (default: every lab the CLI has)")
     ap.add_argument("--out", default="results", help="results folder; the summary goes to OUT/gpu-check/")

@@ -1,7 +1,7 @@
 """The README's "What it measured here" table, generated from the saved runs so it cannot drift.
 
-    python -m llmlab.readme            # print the table (newest reference run of each lab)
-    python -m llmlab.readme --write    # rewrite the block between the markers in README.md
+    python -m llmlab.tools.readme            # print the table (newest reference run of each lab)
+    python -m llmlab.tools.readme --write    # rewrite the block between the markers in README.md
 
 The block sits between `<!-- claims:begin -->` and `<!-- claims:end -->`. Each row is one claim
 of the newest committed reference run of each lab (under `results/reference/`, which only
@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from llmlab.report import Run, _lab_key, load_runs
+from llmlab.tools.report import Run, _lab_key, load_runs
 
 BEGIN = "<!-- claims:begin -->"
 END = "<!-- claims:end -->"
@@ -72,7 +72,7 @@ def rewrite(text: str, table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmlab.readme", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m llmlab.tools.readme", description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=REFERENCE, help=f"folder of saved runs (default {REFERENCE}/)")
     ap.add_argument("--readme", type=Path, default=Path("README.md"), help="the README to rewrite with --write")
     ap.add_argument("--write", action="store_true", help="rewrite the block between the markers in the README")

@@ -13,7 +13,7 @@ in 200 ms. TTFT hides four layers, and this lab measures each on your machine:
 4. cold start in a fresh process: interpreter, imports, tokenizer, weights, device, first forward.
 
 Every request comes from one trace source, `Ctx.serve` (the in-process worker of
-llmlab/inference/serving.py), as a `serving.Trace`; everything after it reads only Traces, so
+llmlab/inference/serving.py), as a `metrics.Trace`; everything after it reads only Traces, so
 another source of traces (a streaming client against a server) can stand in its place.
 Streaming metrics follow vLLM's benchmark_serving; see serving.py for the definitions and how
 GenAI-Perf, llmperf and guidellm differ.
@@ -45,9 +45,12 @@ from llmlab.core.models import classify
 from llmlab.core.render import track
 from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
 from llmlab.core.timing import summarize
-from llmlab.inference import serving
-from llmlab.inference.serving import PHASES, Request, Trace
-from llmlab.labs import _ttft_endpoint
+from llmlab.labs.ttft_breakdown import endpoint as _ttft_endpoint
+from llmlab.labs.ttft_breakdown import pipeline
+from llmlab.labs.ttft_breakdown.pipeline import Request
+from llmlab.loadgen import arrivals, metrics, queueing
+from llmlab.loadgen.metrics import PHASES, Trace
+from llmlab.serving import chat
 
 LAB = "ttft-breakdown"
 VERSION = 2  # 2: the attribution check, the matmul rate per prompt length, one row per request
@@ -166,7 +169,7 @@ class Ctx:
 
     def serve(self, req: Request, retrieve=None, tokenizer=None) -> Trace:
         """The trace source: one request through the in-process worker (`tokenizer` replaces the real one)."""
-        return serving.serve(self.model, tokenizer or self.tokenizer, self.device, req, retrieve)
+        return pipeline.serve(self.model, tokenizer or self.tokenizer, self.device, req, retrieve)
 
     def ask(self, i: int, new_tokens: int | None = None, send_ns: int = 0) -> Request:
         return Request(QUESTIONS[i % len(QUESTIONS)], new_tokens=new_tokens or self.cfg.new_tokens,
@@ -186,7 +189,7 @@ def _setup(cfg: Config, device: Device, res: LabResult) -> Ctx:
     p_layers, layers, d_attn = _layer_params(lm.model)
     res.env["model"] = {"ref": cfg.model, "kind": lm.kind, "n_params": lm.n_params, "context": ctx_len,
                         "timing_only": lm.timing_only, "layer_params": p_layers, "layers": layers, "d_attn": d_attn}
-    _, how = serving.render_chat(tokenizer, serving.SYSTEM, "{user}")
+    _, how = chat.render_chat(tokenizer, pipeline.SYSTEM, "{user}")
     res.env["chat_template"] = how
     return Ctx(lm.model, tokenizer, device, ctx_len - cfg.new_tokens, cfg)
 
@@ -266,9 +269,9 @@ def attribution(ctx: Ctx, progress=None) -> list[dict]:
     delay_s = ctx.cfg.attribution_delay_ms / 1e3
     hooks = {
         "none": lambda: (None, nullcontext()),  # plain against plain: the noise floor of the comparison
-        "template_tokenize": lambda: (serving.Delayed(ctx.tokenizer, delay_s, "__call__"), nullcontext()),
-        "prefill": lambda: (None, serving.slowed_forward(ctx.model, delay_s)),
-        "first_token": lambda: (serving.Delayed(ctx.tokenizer, delay_s, "decode"), nullcontext()),
+        "template_tokenize": lambda: (pipeline.Delayed(ctx.tokenizer, delay_s, "__call__"), nullcontext()),
+        "prefill": lambda: (None, pipeline.slowed_forward(ctx.model, delay_s)),
+        "first_token": lambda: (pipeline.Delayed(ctx.tokenizer, delay_s, "decode"), nullcontext()),
     }
     rows = []
     for target in track(progress, list(hooks), "attribution check"):
@@ -377,7 +380,7 @@ def make_retriever(cfg: Config):
 
     def retrieve(question: str) -> str:
         context = "\n\n".join(docs[i] for i, _ in index.search(question, cfg.rag_top_k))[:budget]
-        return serving.RAG_USER.format(context=context, question=question)
+        return pipeline.RAG_USER.format(context=context, question=question)
 
     return retrieve, build_s, docs
 
@@ -390,7 +393,7 @@ def rag_requests(ctx: Ctx, retrieve) -> list[Trace]:
 # ---------------------------------------------------------------- 4. queueing
 
 
-def queueing(ctx: Ctx, progress) -> tuple[list[dict], dict[str, list[Trace]]]:
+def queueing_part(ctx: Ctx, progress) -> tuple[list[dict], dict[str, list[Trace]]]:
     """Poisson arrivals at each target utilisation (or rate), then a burst, into one FCFS worker.
 
     The service time drifts with the machine's load, so each rate is set from the latest measured
@@ -408,19 +411,19 @@ def queueing(ctx: Ctx, progress) -> tuple[list[dict], dict[str, list[Trace]]]:
     rows, runs = [], {}
     # common random numbers: one set of exponential gaps, scaled by 1/rate for every rate, so the rates
     # differ only in load, not in luck (a standard variance reduction for comparing a queue across loads)
-    unit = serving.poisson_offsets(1.0, cfg.requests_per_rate, rng)
+    unit = arrivals.poisson_offsets(1.0, cfg.requests_per_rate, rng)
     for target in track(progress, list(cfg.rates or cfg.utilizations), "Poisson arrivals"):
         service_s = float(np.median(recent))
         rate = target if cfg.rates else target / service_s
         offsets = unit / rate
-        ts = serving.run_fcfs(offsets, one)
+        ts = arrivals.run_fcfs(offsets, one)
         row = queue_row("poisson", rate, offsets, ts, rng)
         runs[f"rho={row['rho']:.2f}"] = ts
         rows.append({**row, "target_rate_per_s": target if cfg.rates else math.nan,
                      "target_rho": math.nan if cfg.rates else target})
         recent = [t.service_ms / 1e3 for t in ts]
     if cfg.burst:
-        ts = serving.run_fcfs(serving.burst_offsets(cfg.burst), one)
+        ts = arrivals.run_fcfs(arrivals.burst_offsets(cfg.burst), one)
         runs[f"burst of {cfg.burst}"] = ts
         rows.append(queue_row("burst", math.inf, np.zeros(cfg.burst), ts, rng))
     return rows, runs
@@ -430,18 +433,18 @@ def queue_row(kind: str, rate: float, offsets, ts: list[Trace], rng) -> dict:
     waits = [t.queue_ms for t in ts]
     svc_s = np.array([t.service_ms for t in ts]) / 1e3
     D = float(svc_s.mean())
-    lind = serving.lindley(offsets, svc_s) * 1e3
+    lind = queueing.lindley(offsets, svc_s) * 1e3
     row = {"arrivals": kind, "n": len(ts), "rate_per_s": rate, "rho": math.nan, "service_ms": 1e3 * D,
            "service_cv": float(svc_s.std() / D),
-           **{f"wait_{k}": v for k, v in serving.pct(waits).items() if k != "n"}}
+           **{f"wait_{k}": v for k, v in metrics.pct(waits).items() if k != "n"}}
     if kind == "burst":
         row["expected_mean_ms"] = 1e3 * D * (len(ts) - 1) / 2  # the k-th waits k services
     else:
         rho = rate * D  # measured: the arrival rate x this run's mean service time
-        row.update(rho=rho, expected_mean_ms=1e3 * serving.finite_run_waits(rate, svc_s, len(ts), 2000, rng)["mean_s"],
-                   schedule_md1_ms=1e3 * float(serving.lindley(offsets, np.full(len(ts), D)).mean()),
-                   md1_ms=1e3 * serving.md1_wait(rho, D), mg1_ms=1e3 * serving.mg1_wait(rate, svc_s),
-                   mm1_ms=1e3 * serving.mm1_wait(rho, D))
+        row.update(rho=rho, expected_mean_ms=1e3 * queueing.finite_run_waits(rate, svc_s, len(ts), 2000, rng)["mean_s"],
+                   schedule_md1_ms=1e3 * float(queueing.lindley(offsets, np.full(len(ts), D)).mean()),
+                   md1_ms=1e3 * queueing.md1_wait(rho, D), mg1_ms=1e3 * queueing.mg1_wait(rate, svc_s),
+                   mm1_ms=1e3 * queueing.mm1_wait(rho, D))
     # the harness check: FCFS waits are Lindley's recursion of the measured services, plus the worker's own
     # gap between a request's end (or its arrival, when idle: the wake-up lateness) and the next start
     diff = np.abs(lind - waits)
@@ -471,7 +474,7 @@ def cold_start(ctx: Ctx, progress, res: LabResult) -> list[dict]:
     runs = []
     for _ in track(progress, range(cfg.cold_starts), "cold starts (fresh processes)"):
         cold.drop()  # each fresh process reads its weights from disk, not from the page cache
-        runs.append(serving.cold_start(cold.ref, ctx.device.spec, QUESTIONS[0], cfg.new_tokens, 3, ctx.threads))
+        runs.append(pipeline.cold_start(cold.ref, ctx.device.spec, QUESTIONS[0], cfg.new_tokens, 3, ctx.threads))
     cold.cleanup()
     wb = runs[0]["weight_bytes"]
     warm = [w["ttft_ms"] for r in runs for w in r["warm"]]
@@ -627,7 +630,7 @@ def _run_parts(ctx: Ctx, res: LabResult, progress) -> None:
     res.add_table("phases", phases)
     res.add_table("requests", requests)
 
-    qrows, runs = queueing(ctx, progress)
+    qrows, runs = queueing_part(ctx, progress)
     requests += [request_row(k, t) for k, ts in runs.items() for t in ts]
     res.add_table("queueing", qrows)
     poisson = [k for k in runs if k.startswith("rho")]
@@ -646,10 +649,10 @@ def _run_parts(ctx: Ctx, res: LabResult, progress) -> None:
     res.add_table("scenarios", scenarios(groups, res.tables.get("cold_start")))
     streams = {k: v for k, v in groups.items() if not k.startswith("long prompt")}  # 1-token requests: no TPOT
     res.add_table("streaming", [{"requests": k, "metric": m, **p} for k, ts in streams.items()
-                                for m, p in serving.vllm_metrics(ts).items()])
+                                for m, p in metrics.vllm_metrics(ts).items()])
     pick = poisson[-1] if poisson else None
-    res.add_table("metric_definitions", [{"requests": pick or "chat", **r} for r in serving.tool_metrics(runs[pick] if pick else chat)]
-                  + [{"requests": "chat (idle)", **r} for r in serving.tool_metrics(chat)])
+    res.add_table("metric_definitions", [{"requests": pick or "chat", **r} for r in metrics.tool_metrics(runs[pick] if pick else chat)]
+                  + [{"requests": "chat (idle)", **r} for r in metrics.tool_metrics(chat)])
 
 
 def _stamp_cost_ns(n: int = 20000) -> float:

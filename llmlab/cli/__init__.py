@@ -238,14 +238,20 @@ def generate_(
     import time
 
     from llmlab.core.device import resolve_device
-    from llmlab.core.models import load, stream_generate
+    from llmlab.core.models import load
+    from llmlab.inference.decode import SamplingParams, stream_text
 
     lm = load(model, resolve_device(device, gpu), trust_remote_code=trust_remote_code)
+    if lm.tokenizer is None:
+        raise UsageError(f"{lm.ref} has random weights and no tokenizer: generate needs a trained model")
+    if not prompt:
+        raise UsageError("the prompt is empty")
+    params = SamplingParams(temperature=temperature, top_p=top_p) if temperature > 0 else SamplingParams()
     mode = f"sampled: temperature {temperature}, top-p {top_p}, seed {seed}" if temperature > 0 else "greedy (temperature 0)"
     sys.stdout.write(prompt)
     sys.stdout.flush()
     n, t0 = 0, time.perf_counter()
-    for piece in stream_generate(lm, prompt, max_new_tokens, temperature, seed, top_p):
+    for piece in stream_text(lm.model, lm.tokenizer, prompt, max_new_tokens, params, seed):
         sys.stdout.write(piece)
         sys.stdout.flush()
         n += 1
@@ -288,20 +294,6 @@ def show(
         sys.stdout.write(result.to_json() + "\n")
         return
     render(result, out, views=views, headline=headline, tables=tables, saved=path)
-
-
-@app.command("report", rich_help_panel=TOOLS)
-def report(
-    results_dir: Annotated[Path, typer.Argument(help="Folder of saved runs (<dir>/<lab>/*.json).")] = Path("results"),
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The HTML file (default <dir>/report.html).", show_default=False)] = None,
-) -> None:
-    """One self-contained HTML page of every saved run: device cards, verdicts, tables, plots."""
-    from llmlab.report import write_report
-
-    if not results_dir.is_dir():
-        raise UsageError(f"{results_dir}: not a folder of results (run a lab first, e.g. llmlab roofline --quick)")
-    path, n_runs, n_skipped = write_report(results_dir, output)
-    err.print(f"[dim]wrote {path}: {n_runs} run{'s' if n_runs != 1 else ''}" + (f", {n_skipped} file(s) skipped (listed at the end of the page)" if n_skipped else "") + "[/]")
 
 
 @app.command("serve", rich_help_panel=TOOLS)
@@ -667,7 +659,7 @@ def serving(
     One request at a time leaves a GPU mostly idle; batching is the lever, and the KV cache, not the weights, limits how many conversations fit. This lab measures each on llmlab's paged, continuously batching engine (checked exact against HF first): tokens/s and TTFT/ITL/TPOT (vLLM's definitions) vs concurrency with the step-time knee and the compute and bandwidth utilisation at 1 client; static vs continuous batching under Poisson arrivals with mixed reply lengths; peak concurrent conversations in a fixed KV pool against blocks / blocks per conversation; a shared system prompt with the prefix cache off and on; the ITL of running decodes while a long prompt is prefilled whole or in chunks; and $ per 1M tokens from the measured throughput. With --endpoint the client-side parts run against any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp, llmlab serve).
     """
     if endpoint is not None:
-        from llmlab.serving.probe import check_reachable
+        from llmlab.loadgen.probe import check_reachable
 
         check_reachable(endpoint)
     run_lab("serving", Common(device, gpu, quick, json_, out, no_save, seed, tables), model=model, endpoint=endpoint,

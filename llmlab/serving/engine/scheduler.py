@@ -25,7 +25,7 @@ from enum import Enum
 
 import torch
 
-from llmlab.serving.block_manager import BlockManager
+from llmlab.serving.engine.block_manager import BlockManager
 
 now_ns = time.perf_counter_ns
 

@@ -31,9 +31,8 @@ import pandas as pd
 
 from llmlab.core.render import track
 from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
-from llmlab.inference import serving
-from llmlab.serving import probe
-from llmlab.serving.client import RequestRecord, calculate_metrics, run_load
+from llmlab.loadgen import metrics, probe
+from llmlab.loadgen.client import RequestRecord, calculate_metrics, run_load
 
 HELPER_TIMEOUT_S = 30.0  # /tokenize and /metrics calls (not the requests measured: --request-timeout)
 ALONE_TOKENS = 128  # the "one request alone" prompt, and the load's: so alone and under load compare
@@ -205,7 +204,7 @@ def _summaries(rows: Rows, res: LabResult, cfg) -> None:
         ok = [SimpleNamespace(send_ns=r.send_ns, token_ns=r.chunk_ns, n=r.output_tokens, tpot_ms=1e3 * r.tpot_s,
                               itl_ms=[1e3 * g for g in r.itl_s]) for r in rows.load if r.ok and (r.output_tokens or 0) > 1]
         if ok:
-            res.add_table("metric_definitions", [{"requests": "load", **r} for r in serving.tool_metrics(ok)])
+            res.add_table("metric_definitions", [{"requests": "load", **r} for r in metrics.tool_metrics(ok)])
 
 
 def _med(s: pd.Series) -> float | None:

@@ -30,9 +30,9 @@ import torch
 
 from llmlab.core.models import torch_dtype
 from llmlab.inference import sampling
-from llmlab.serving.block_manager import BlockManager
-from llmlab.serving.model_runner import Batch, ModelRunner
-from llmlab.serving.scheduler import RequestParams, Scheduled, Scheduler, Sequence, Status
+from llmlab.serving.engine.block_manager import BlockManager
+from llmlab.serving.engine.model_runner import Batch, ModelRunner
+from llmlab.serving.engine.scheduler import RequestParams, Scheduled, Scheduler, Sequence, Status
 
 now_ns = time.perf_counter_ns
 

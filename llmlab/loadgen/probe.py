@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 
 from llmlab.core.errors import UsageError
-from llmlab.serving.client import RequestRecord, api_headers, stream_completion
+from llmlab.loadgen.client import RequestRecord, api_headers, stream_completion
 
 HISTOGRAMS = {"queue": "request_queue_time_seconds", "prefill": "request_prefill_time_seconds",
               "decode": "request_decode_time_seconds", "server_ttft": "time_to_first_token_seconds"}
