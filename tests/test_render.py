@@ -191,7 +191,7 @@ def test_show_rejects_what_is_not_a_result(tmp_path, cli):
 def test_show_rejudges_and_says_when_the_verdict_or_judge_changed(tmp_path, monkeypatch, capsys):
     import types
 
-    from llmlab import cli
+    from llmlab.cli import commands
 
     mod = types.ModuleType("llmlab.labs.standin")
     mod.JUDGE_VERSION = 2
@@ -202,7 +202,7 @@ def test_show_rejudges_and_says_when_the_verdict_or_judge_changed(tmp_path, monk
     res.add_table("t", [{"x": 5}])
     res.claims = [Claim("standin.big", "x is big", "> 1", "5", False)]  # saved by an older, wrong judge
     path = res.save(tmp_path, "cpu")
-    cli.show(path, tables="report", json_=False)
+    commands.show(path, tables="report", json_=False)
     captured = capsys.readouterr()
     assert "judge v2" in captured.err and "v1" in captured.err
     assert "standin.big: does not hold -> holds" in captured.err

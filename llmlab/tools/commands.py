@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmlab.cli import TOOLS, app, err
+from llmlab.cli.app import TOOLS, app, err
 from llmlab.core.errors import UsageError
 
 
