@@ -91,7 +91,7 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
     except ValueError as exc:  # Config.__post_init__ validates
         raise UsageError(str(exc)) from None
     if hasattr(module, "check"):  # what a lab checks before it starts (an endpoint that must answer): one line, exit 2
-        module.check(cfg)
+        cfg = module.check(cfg) or cfg  # a check may return the Config with what it found (an endpoint's card)
     _seed(common.seed)
     if common.device in ("auto", "") and common.gpu is None:
         err.print(f"[dim]device: {device.spec} ({device.name}){'' if device.is_cuda else ' — no CUDA GPU found, using the CPU'}[/]")
