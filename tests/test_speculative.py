@@ -5,7 +5,7 @@
   by a random source that walks every branch, equals the target's (a trigram table LM with a KV cache:
   cheap enough to enumerate); B = 1 runs over many seeds pass a chi-square test of the JOINT law of
   their first tokens, and they did take multi-token accepts, residual draws at positions 2-3 and bonus
-  tokens (issue 12 item 4); batched samples pass a chi-square test too;
+  tokens; batched samples pass a chi-square test too;
 - edge cases: p == q, disjoint supports, a one-hot draft, EOS inside a draft, the length limit;
 - the tree forward (4D mask, depth positions) equals sequential forwards of each path.
 
@@ -20,11 +20,14 @@ import itertools
 import pytest
 import torch
 
+from llmlab.core import stats as st
 from llmlab.inference import decode
 from llmlab.inference import speculative as S
 from llmlab.inference.decode import SamplingParams
+from llmlab.inference.speculative import acceptance
+from llmlab.inference.speculative import lookup as prompt_lookup
 
-SIGNIFICANCE = S.SIGNIFICANCE
+SIGNIFICANCE = st.SIGNIFICANCE
 V = 5  # toy vocabulary: small enough to enumerate every sequence
 
 
@@ -72,12 +75,12 @@ def _first_divergence(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def _chisquare(counts: dict, law: dict, n: int) -> float:
-    return S.chisquare_pvalue(counts, law, n)[0]
+    return st.chisquare_pvalue(counts, law, n)[0]
 
 
 def _power_n(cells: int) -> int:
     """Samples that detect Cohen's w = 0.1 with power 0.8 at SIGNIFICANCE."""
-    return S.samples_for_effect(cells, w=0.1, significance=SIGNIFICANCE)
+    return st.samples_for_effect(cells, w=0.1, significance=SIGNIFICANCE)
 
 
 # ---------------------------------------------------------------- verify on its own
@@ -179,7 +182,8 @@ def test_multi_candidate_verify_is_p(children):
         if children == "topk":  # EAGLE: the draft's top-3, one-hot proposals
             _, tok = S.multi_candidate_verify(p, q.topk(3).indices.tolist(), gen)
         else:  # SpecInfer: 3 candidates drawn i.i.d. from q, proposal q
-            _, tok = S.multi_candidate_verify(p, torch.multinomial(q, 3, replacement=True, generator=gen).tolist(), gen, q)
+            drawn = torch.multinomial(q, 3, replacement=True, generator=gen).tolist()
+            _, tok = S.multi_candidate_verify(p, drawn, gen, q)
         counts[tok] = counts.get(tok, 0) + 1
     assert _chisquare(counts, {i: float(p[i]) for i in range(6)}, N) > SIGNIFICANCE
 
@@ -268,7 +272,8 @@ class _TableLM(torch.nn.Module):
         self.table = torch.nn.Parameter(table, requires_grad=False)  # (V + 1, V, V): row V = "no token before"
         v = table.shape[-1]
         self.config = LlamaConfig(vocab_size=v, num_hidden_layers=1, hidden_size=8, num_attention_heads=1,
-                                  num_key_value_heads=1, head_dim=2, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+                                  num_key_value_heads=1, head_dim=2, eos_token_id=None, bos_token_id=None,
+                                  pad_token_id=None)
 
     def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, attention_mask=None,
                 position_ids=None, **kw):
@@ -365,8 +370,10 @@ def _enumerated_law(fn) -> dict:
 
 ENUM_CASES = {  # (what, output length): every case covers a multi-token accept, a residual and a bonus token
     # (gamma 3 is enumerable too, 20x the paths: the B = 1 chi-square test below covers it)
-    "chain gamma=2": (lambda t, d, ids, L, pr, g: S.speculative_generate(t, d, ids, L, gamma=2, params=pr, generator=g), 3),
-    "tree sampled": (lambda t, d, ids, L, pr, g: S.tree_generate(t, d, ids, L, branching=(2, 1), params=pr, generator=g), 3),
+    "chain gamma=2": (lambda t, d, ids, L, pr, g: S.speculative_generate(t, d, ids, L, gamma=2, params=pr,
+                                                                         generator=g), 3),
+    "tree sampled": (lambda t, d, ids, L, pr, g: S.tree_generate(t, d, ids, L, branching=(2, 1), params=pr,
+                                                                 generator=g), 3),
     "tree top-k": (lambda t, d, ids, L, pr, g: S.tree_generate(t, d, ids, L, branching=(2, 1), params=pr, generator=g,
                                                               children="topk"), 3),
 }
@@ -396,8 +403,8 @@ def test_enumeration_catches_a_lossy_verifier(monkeypatch):
         accept, _ = real(draft_tokens, draft_probs, target_probs)
         return accept, target_probs  # p instead of norm(max(0, p - q))
 
-    real = S.rejection_plan
-    monkeypatch.setattr(S, "rejection_plan", lossy)
+    real = acceptance.rejection_plan
+    monkeypatch.setattr(acceptance, "rejection_plan", lossy)  # verify_rows looks it up in its own module
     got = _enumerated_law(lambda src: S.speculative_generate(target, draft, torch.tensor([[1, 3]]), 3, gamma=2,
                                                               params=params, generator=src))
     want = _table_law(target, (1, 3), 3, params)
@@ -409,7 +416,7 @@ B1_RUNS = 600  # B = 1 runs per method: a departure of Cohen's w ~0.26 (on ~25 c
 
 @pytest.mark.parametrize("method", ["chain gamma=3", "tree sampled"])
 def test_b1_joint_law_of_first_tokens_chi_square(method):
-    """Issue 12 item 4: B = 1 runs over many seeds, the JOINT law of the first 3 tokens and of all 4 against
+    """B = 1 runs over many seeds, the JOINT law of the first 3 tokens and of all 4 against
     the target's, chi-square; the runs did accept several drafts, draw residuals at 2-3 and bonus tokens."""
     from llmlab.labs.speculative import coverage
 
@@ -437,8 +444,8 @@ def test_b1_joint_law_of_first_tokens_chi_square(method):
         counts: dict = {}
         for o in outs:
             counts[o[:keep]] = counts.get(o[:keep], 0) + 1
-        p, cells = S.chisquare_pvalue(counts, exact, B1_RUNS)
-        assert cells >= 15 and S.detectable_effect(cells, B1_RUNS) < 0.3  # the test has power, not just a pass
+        p, cells = st.chisquare_pvalue(counts, exact, B1_RUNS)
+        assert cells >= 15 and st.detectable_effect(cells, B1_RUNS) < 0.3  # the test has power, not just a pass
         assert p > SIGNIFICANCE, f"{method}, first {keep} tokens: p = {p:.2e}"
 
 
@@ -446,13 +453,13 @@ def test_b1_chi_square_catches_a_lossy_bonus(monkeypatch):
     """The B = 1 test can fail: a bonus token drawn from the draft's q instead of p is rejected."""
     target, draft = _table_pair(vocab=4, seed=1)
     params = SamplingParams(temperature=1.0, top_k=3)
-    real = S.rejection_plan
+    real = acceptance.rejection_plan
 
     def lossy(draft_tokens, draft_probs, target_probs):
         accept, nd = real(draft_tokens, draft_probs, target_probs)
         return accept, torch.cat([nd[:, :-1], draft_probs[:, -1:]], 1)  # the bonus from q at the last draft
 
-    monkeypatch.setattr(S, "rejection_plan", lossy)
+    monkeypatch.setattr(acceptance, "rejection_plan", lossy)
     law = _table_law(target, (2, 1), 4, params)
     gen, counts = torch.Generator(), {}
     for seed in range(B1_RUNS):
@@ -460,7 +467,7 @@ def test_b1_chi_square_catches_a_lossy_bonus(monkeypatch):
         o = tuple(S.speculative_generate(target, draft, torch.tensor([[2, 1]]), 4, gamma=3, params=params,
                                          generator=gen).tokens[0].tolist())
         counts[o] = counts.get(o, 0) + 1
-    assert S.chisquare_pvalue(counts, law, B1_RUNS)[0] < SIGNIFICANCE
+    assert st.chisquare_pvalue(counts, law, B1_RUNS)[0] < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------- the sampler, end to end, chi-square
@@ -526,7 +533,7 @@ def test_enumeration_catches_a_lossy_lookup_verifier(monkeypatch):
     """The same enumeration fails when a rejected lookup token is drawn again (residual p, not p - onehot)."""
     target, _ = _table_pair()
     params = SamplingParams(temperature=1.0, top_k=2)
-    monkeypatch.setattr(S, "one_hot_q", lambda drafts, vocab: torch.zeros(*drafts.shape, vocab))
+    monkeypatch.setattr(prompt_lookup, "one_hot_q", lambda drafts, vocab: torch.zeros(*drafts.shape, vocab))
     prompt = (2, 3, 0, 2, 3)
     got = _enumerated_law(lambda src: S.speculative_generate(target, S.PromptLookup(max_ngram=2, num_draft=3),
                                                              torch.tensor([prompt]), 4, params=params, generator=src))

@@ -23,13 +23,14 @@ import torch
 
 from llmlab.core.device import Device
 from llmlab.inference import decode
-from llmlab.inference.speculative import expected_tau
+from llmlab.inference.speculative.metrics import expected_tau
 
 
 def verify_curve(model, device: Device, ks: tuple[int, ...], samples: int, context: int = 64) -> dict[int, float]:
     """Median ms of one cached forward over k new tokens after `context` tokens, each k in turn, `samples` times."""
     vocab = model.config.vocab_size
-    ids = torch.arange(context + max(ks), device=device.torch)[None] % (vocab - 1) + 1  # (1, S): tokens only shape the timing
+    # (1, S): the tokens only shape the timing
+    ids = torch.arange(context + max(ks), device=device.torch)[None] % (vocab - 1) + 1
     times: dict[int, list[float]] = {k: [] for k in ks}
     with torch.inference_mode():
         cache = decode.new_cache(model)
@@ -163,5 +164,6 @@ def regime_prediction(regime: str, model: str, rel: dict[int, float], costs: dic
     speed = lambda g: expected_tau(a, g) / (g * c + interpolate(rel, g + 1))  # noqa: E731
     best = max(range(1, max(rel)), key=speed)
     at = lambda k: rel.get(k, math.nan)  # noqa: E731
-    return dict(regime=regime, model=model, alpha=a, cost_ratio_c=c, verify_k4=at(4), verify_k8=at(8), verify_k16=at(16),
-                best_gamma=best, predicted_speedup=speed(best), predicted_free_verify=expected_tau(a, best) / (best * c + 1))
+    return dict(regime=regime, model=model, alpha=a, cost_ratio_c=c, verify_k4=at(4), verify_k8=at(8),
+                verify_k16=at(16), best_gamma=best, predicted_speedup=speed(best),
+                predicted_free_verify=expected_tau(a, best) / (best * c + 1))
