@@ -354,18 +354,8 @@ def test_speculative_keeps_reexports_of_core_stats():
     assert S.detectable_effect is stats.detectable_effect and S.samples_for_effect is stats.samples_for_effect
 
 
-def test_models_shape_is_public():
+def test_models_shape_reads_head_dim_and_kv_heads():
     from llmlab.core import models
 
     entry = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=100, model_type="llama")
     assert models.shape(entry)["head_dim"] == 32 and models.shape(entry)["kv_heads"] == 2
-    assert models._shape is models.shape  # the old name still imports
-
-
-def test_no_module_imports_the_private_shape():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    users = [str(p.relative_to(root)) for d in ("llmlab", "benchmarks") for p in (root / d).rglob("*.py")
-             if "import _shape" in p.read_text()]
-    assert users == []

@@ -10,6 +10,7 @@ from llmlab.core.models import load
 from llmlab.inference.decode import generate
 from llmlab.serving.engine.block_manager import BlockManager
 from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact, hf_logits
+from llmlab.inference.sampling import SamplingParams
 from llmlab.serving.engine.scheduler import RequestParams
 
 ATOL = 1e-4
@@ -104,7 +105,8 @@ def test_check_exact_and_seeded_sampling(model):
     report = check_exact(eng, prompts_of([9, 33], seed=6), max_new_tokens=4)
     assert report["max_abs_logit_diff"] <= ATOL
     (p,) = prompts_of([10], seed=7)
-    run = lambda seed: eng.generate([p], RequestParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True))[0].output_ids  # noqa: E731
+    sampled = SamplingParams(temperature=1.0, top_p=0.9)
+    run = lambda seed: eng.generate([p], RequestParams(16, sampled, seed=seed, ignore_eos=True))[0].output_ids  # noqa: E731
     assert run(1) == run(1)
     assert run(1) != run(2)
 
@@ -116,7 +118,7 @@ def test_requests_that_cannot_fit_are_refused(model):
     with pytest.raises(ValueError, match="max_tokens"):
         eng.add_request(list(range(1, 10)), RequestParams(max_tokens=60))
     with pytest.raises(ValueError):
-        RequestParams(temperature=-1)
+        SamplingParams(temperature=-1)
 
 
 def test_block_manager_prefix_chain():
@@ -247,7 +249,8 @@ def test_host_to_device_pins_and_copies_without_blocking_on_cuda(monkeypatch):
 def _sampled_seqs(n, **params):
     from llmlab.serving.engine.scheduler import Sequence
 
-    return [Sequence(i, [1], RequestParams(temperature=params.pop("temperature", 0.7), **params)) for i in range(n)]
+    sampled = SamplingParams(temperature=params.pop("temperature", 0.7), **params)
+    return [Sequence(i, [1], RequestParams(sampling=sampled)) for i in range(n)]
 
 
 def test_batched_sampling_draws_from_the_processed_distribution(model):
@@ -286,9 +289,10 @@ def test_sampling_syncs_once_per_group_not_per_row(model, monkeypatch):
 def test_a_seeded_request_draws_the_same_tokens_alone_or_in_company(model):
     eng = Engine(model, EngineConfig())
     p, others = prompts_of([10], seed=15)[0], prompts_of([7, 12, 9], seed=16)
-    seeded = RequestParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, top_p=0.9)
+    seeded = RequestParams(12, sampled, seed=5, ignore_eos=True)
     alone = eng.generate([p], seeded)[0].output_ids
-    crowd = eng.generate([p, *others], [seeded] + [RequestParams(max_tokens=12, temperature=1.0, top_p=0.9, ignore_eos=True)] * 3)
+    crowd = eng.generate([p, *others], [seeded] + [RequestParams(12, sampled, ignore_eos=True)] * 3)
     assert crowd[0].output_ids == alone
 
 

@@ -359,11 +359,6 @@ def cpu_clock_mhz() -> tuple[float | None, str]:
     return None, "the clock is not reported"
 
 
-def cpu_max_mhz() -> float | None:
-    """The clock `cpu_clock_mhz` picks (max boost where reported), in MHz."""
-    return cpu_clock_mhz()[0]
-
-
 # ---------------------------------------------------------------- the card
 
 

@@ -263,8 +263,6 @@ def shape(config) -> dict:
     )
 
 
-_shape = shape  # the old private name, still imported by labs written before it was public
-
 
 def kv_bytes_per_token(config, bytes_per_elem: float = 2) -> int:
     """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes (BF16 by default)."""

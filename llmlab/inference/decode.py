@@ -1,7 +1,7 @@
 """Prefill and decode over a Hugging Face causal LM with a KV cache: a lean loop, gpt-fast style.
 
 Reading order: `forward` -> `prefill` -> `decode_one_token` -> `iter_tokens` (the one decode loop) ->
-`decode_n_tokens` -> `generate`; `stream_text` streams the loop's tokens as text.
+`generate`; `stream_text` streams the loop's tokens as text.
 
 References:
 - gpt-fast generate.py (prefill / decode_one_token / decode_n_tokens).
@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+
+from llmlab.inference.sampling import SamplingParams
 
 _CACHE_KW: dict[type, str] = {}
 
@@ -57,28 +59,11 @@ def crop(cache, length: int) -> None:
 # ---------------------------------------------------------------- choosing a token
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 = greedy; otherwise HF's order: temperature, top-k, top-p, min-p."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits (B, V) -> token ids (B, 1)."""
     if params.greedy:
         return logits.argmax(dim=-1, keepdim=True)
-    from llmlab.inference import sampling
-
-    p = sampling.probs(logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
-    return torch.multinomial(p, 1, generator=generator)
+    return torch.multinomial(params.probs(logits), 1, generator=generator)
 
 
 # ---------------------------------------------------------------- the loop
@@ -142,31 +127,6 @@ def iter_tokens(
 
 
 @torch.inference_mode()
-def decode_n_tokens(
-    model,
-    cache,
-    first: torch.Tensor,
-    n: int,
-    params: SamplingParams = SamplingParams(),
-    generator: torch.Generator | None = None,
-    eos_token_id: int | None = None,
-    on_token: Callable[[torch.Tensor], None] | None = None,
-    sync: Callable[[], None] | None = None,
-) -> tuple[list[torch.Tensor], list[float]]:
-    """Decode up to `n` tokens after `first` (B, 1). Stops early when every row has emitted EOS.
-
-    Returns the new tokens (each (B, 1)) and the wall time of each step in seconds.
-    """
-    tokens, times = [], []
-    for tok, dt in iter_tokens(model, cache, first, n, params, generator, eos_token_id, sync):
-        times.append(dt)
-        tokens.append(tok)
-        if on_token:
-            on_token(tok)
-    return tokens, times
-
-
-@torch.inference_mode()
 def generate(
     model,
     input_ids: torch.Tensor,
@@ -174,23 +134,22 @@ def generate(
     params: SamplingParams = SamplingParams(),
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
-    on_token: Callable[[torch.Tensor], None] | None = None,
     sync: Callable[[], None] | None = None,
 ) -> Generation:
-    """Prefill `input_ids` (B, S), then decode up to `max_new_tokens` (first token included)."""
+    """Prefill `input_ids` (B, S), then decode up to `max_new_tokens` (first token included).
+
+    Stops early when every row has emitted `eos_token_id`; `sync` runs after each step, inside its timing.
+    """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1")
     cache = new_cache(model)
     t0 = time.perf_counter()
-    logits = prefill(model, input_ids, cache)
-    first = next_token(logits, params, generator)
+    first = next_token(prefill(model, input_ids, cache), params, generator)
     if sync:
         sync()
     prefill_s = time.perf_counter() - t0
-    if on_token:
-        on_token(first)
-    rest, times = decode_n_tokens(model, cache, first, max_new_tokens - 1, params, generator, eos_token_id, on_token, sync)
-    return Generation(torch.cat([first, *rest], dim=1), prefill_s, times)
+    steps = list(iter_tokens(model, cache, first, max_new_tokens - 1, params, generator, eos_token_id, sync))
+    return Generation(torch.cat([first, *(tok for tok, _ in steps)], dim=1), prefill_s, [dt for _, dt in steps])
 
 
 @torch.inference_mode()

@@ -7,7 +7,10 @@ Samplers (each returns token ids, (B,)):
 
 A row with no token left (every logit -inf, or NaN; as probabilities: all zero or NaN) has no
 distribution to sample from. Every entry point raises one ValueError for it (`NoTokenError`),
-naming the row, instead of NaN, a raw torch error or token 0 (issue 12, item 8).
+naming the row, instead of NaN, a raw torch error or token 0.
+
+`SamplingParams` is what a caller asks for (the decode loop, the engine's requests, speculative
+decoding): temperature 0 is greedy, otherwise the processors above in HF's order.
 
 References:
 - Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration" (top-p / nucleus).
@@ -26,9 +29,42 @@ References:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to choose a token: temperature 0 = greedy; otherwise HF's order: temperature, top-k, top-p, min-p.
+
+    top_k 0, top_p 1.0 and min_p 0.0 are off. Out-of-range values raise ValueError naming the field.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (B, V) -> the processed distribution (B, V) these parameters sample from (temperature > 0)."""
+        return probs(logits, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -397,8 +433,3 @@ def _race_in_set(rows_probs: torch.Tensor, kept_logits: torch.Tensor, generator)
     """Exact fallback: exponential race over the kept set found by the sort-based processor."""
     masked = torch.where(torch.isfinite(kept_logits), rows_probs, 0.0)
     return sample_gumbel(masked, generator, is_probs=True)
-
-
-def kept_mask(processed_logits: torch.Tensor) -> torch.Tensor:
-    """(B, V) bool: the tokens a processor left (not at -inf)."""
-    return processed_logits > NEG_INF

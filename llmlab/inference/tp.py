@@ -71,33 +71,17 @@ class ShardedLlama:
     """Rank `rank` of `world`'s share of an HF Llama-family causal LM (weights sliced, not copied into new modules)."""
 
     def __init__(self, model, rank: int, world: int, group=None):
+        from llmlab.inference.llama import head_counts, layers_of
+
         c = model.config
-        heads, kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        hd = getattr(c, "head_dim", None) or c.hidden_size // heads
+        heads, kv, _ = head_counts(c)
         if heads % world or kv % world or c.intermediate_size % world:
             raise ValueError(f"TP {world} does not divide {heads} query heads, {kv} KV heads and {c.intermediate_size} "
                              f"MLP columns: TP sizes that divide: {divisible_sizes(heads, kv)}")
         self.rank, self.world, self.group = rank, world, group
-        self.hq, self.hkv, self.hd = heads // world, kv // world, hd
-        self.groups = heads // kv  # query heads per KV head (GQA); a rank holds whole groups
-        q_sl = slice(rank * self.hq * hd, (rank + 1) * self.hq * hd)
-        kv_sl = slice(rank * self.hkv * hd, (rank + 1) * self.hkv * hd)
-        i_sl = slice(rank * c.intermediate_size // world, (rank + 1) * c.intermediate_size // world)
-        self.layers = []
-        for layer in model.model.layers:
-            a, m = layer.self_attn, layer.mlp
-            bias = lambda lin, sl: None if lin.bias is None else lin.bias[sl]  # noqa: E731
-            self.layers.append(dict(
-                ln1=layer.input_layernorm, ln2=layer.post_attention_layernorm,
-                wq=a.q_proj.weight[q_sl], bq=bias(a.q_proj, q_sl),  # column-split: (hq*D, H)
-                wk=a.k_proj.weight[kv_sl], bk=bias(a.k_proj, kv_sl),  # (hkv*D, H)
-                wv=a.v_proj.weight[kv_sl], bv=bias(a.v_proj, kv_sl),
-                wo=a.o_proj.weight[:, q_sl], bo=a.o_proj.bias,  # row-split: (H, hq*D); bias added once, after the reduce
-                wg=m.gate_proj.weight[i_sl], wu=m.up_proj.weight[i_sl],  # column-split: (I/n, H)
-                wd=m.down_proj.weight[:, i_sl],  # row-split: (H, I/n)
-            ))
+        self.layers = layers_of(model, rank, world)  # q/k/v, gate/up column-split; o, down row-split
         self.embed, self.norm, self.lm_head = model.model.embed_tokens, model.model.norm, model.lm_head  # replicated
-        self.rotary = model.model.rotary_emb
+        self.rotary, self.eps = model.model.rotary_emb, c.rms_norm_eps
         self.comm_s = 0.0  # seconds spent inside all-reduce since the last reset
         self.wait_s = 0.0  # seconds spent in the barrier before each all-reduce (align=True): the wait for the slowest rank
         self.comm_calls = 0
@@ -134,35 +118,37 @@ class ShardedLlama:
     def forward(self, ids: torch.Tensor, cache: list) -> torch.Tensor:
         """Logits of every position of `ids` (B, T), appending to `cache`; a prefill starts from an empty cache."""
         import torch
-        import torch.nn.functional as F
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        from llmlab.inference.llama import layer_forward, rope
 
         B, T = ids.shape
         past = 0 if cache[0] is None else cache[0][0].shape[2]
         if T > 1 and past:
             raise ValueError("a multi-token step needs an empty cache (prefill), then one token per step")
-        x = self.embed(ids)  # (B, T, H)
-        pos = torch.arange(past, past + T, device=ids.device)[None].expand(B, -1)  # (B, T)
-        cos, sin = self.rotary(x, pos)
-        for i, w in enumerate(self.layers):
-            h = w["ln1"](x)
-            q = F.linear(h, w["wq"], w["bq"]).view(B, T, self.hq, self.hd).transpose(1, 2)  # (B, hq, T, D)
-            k = F.linear(h, w["wk"], w["bk"]).view(B, T, self.hkv, self.hd).transpose(1, 2)  # (B, hkv, T, D)
-            v = F.linear(h, w["wv"], w["bv"]).view(B, T, self.hkv, self.hd).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            if cache[i] is not None:
-                k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)  # (B, hkv, past+T, D)
-            cache[i] = (k, v)
-            kr, vr = k.repeat_interleave(self.groups, 1), v.repeat_interleave(self.groups, 1)  # (B, hq, past+T, D)
-            att = F.scaled_dot_product_attention(q, kr, vr, is_causal=T > 1)  # (B, hq, T, D)
-            o = F.linear(att.transpose(1, 2).reshape(B, T, self.hq * self.hd), w["wo"])  # (B, T, H): a partial sum
-            self._all_reduce(o)
-            x = x + (o if w["bo"] is None else o + w["bo"])
-            h = w["ln2"](x)
-            y = F.linear(F.silu(F.linear(h, w["wg"])) * F.linear(h, w["wu"]), w["wd"])  # (B, T, H): a partial sum
-            self._all_reduce(y)
-            x = x + y
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        x = self.embed(ids).view(B * T, -1)  # (B*T, H): rows, batch-major
+        pos = torch.arange(past, past + T, device=ids.device).repeat(B)  # (B*T,)
+        cos, sin = rope(self.rotary, x, pos)
+        for i, layer in enumerate(self.layers):
+            x = layer_forward(x, layer, cos, sin, self.eps, lambda q, k, v, i=i: self._attend(i, q, k, v, cache, B),
+                              self._all_reduce)
+        return self.lm_head(self.norm(x.view(B, T, -1)))  # (B, T, V)
+
+    @staticmethod
+    def _attend(i: int, q, k, v, cache: list, B: int) -> torch.Tensor:
+        """Layer i's attention over its cache: q (B*T, hq, D), k/v (B*T, hkv, D) -> (B*T, hq, D)."""
+        import torch
+        import torch.nn.functional as F
+
+        from llmlab.inference.llama import expand_kv
+
+        T, hq, hkv, hd = q.shape[0] // B, q.shape[1], k.shape[1], q.shape[2]
+        q = q.view(B, T, hq, hd).transpose(1, 2)  # (B, hq, T, D)
+        k, v = k.view(B, T, hkv, hd).transpose(1, 2), v.view(B, T, hkv, hd).transpose(1, 2)  # (B, hkv, T, D)
+        if cache[i] is not None:
+            k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)  # (B, hkv, past+T, D)
+        cache[i] = (k, v)
+        att = F.scaled_dot_product_attention(q, expand_kv(k, hq // hkv), expand_kv(v, hq // hkv), is_causal=T > 1)
+        return att.transpose(1, 2).reshape(B * T, hq, hd)
 
 
 # ---------------------------------------------------------------- collectives

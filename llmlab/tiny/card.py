@@ -262,45 +262,51 @@ def _curriculum_lines(cfg: dict, report: dict) -> list[str]:
     ]
 
 
+def _section(title: str, intro: list[str], rows: list[str]) -> list[str]:
+    """A card section: its heading, the paragraph saying how it was measured, its rows, a blank line."""
+    return [f"## {title}", "", *intro, *rows, ""]
+
+
 def _goal_lines(m: dict) -> list[str]:
     from llmlab.tiny.evaluate import goal_rows
 
     rows = goal_rows(m)
     if not rows:
         return []
-    out = ["## Goals", "",
-           "copy_heldout / copy_random: second-reading accuracy (see Copying); draft_gap: loss_draft - loss_target;",
-           "agreement: greedy agreement (above); c_ratio: decode cost ratio (below); loops: loop-check prompts whose",
-           "greedy text loops (below); size_mb: both folders on disk; load_seconds: both models and the tokenizer",
-           "from disk (`from_pretrained`, after the imports, best of 3).", "",
-           "| metric | measured | goal | |", "|---|---|---|---|"]
+    intro = ["copy_heldout / copy_random: second-reading accuracy (see Copying); draft_gap: loss_draft - loss_target;",
+             "agreement: greedy agreement (above); c_ratio: decode cost ratio (below); loops: loop-check prompts whose",
+             "greedy text loops (below); size_mb: both folders on disk; load_seconds: both models and the tokenizer",
+             "from disk (`from_pretrained`, after the imports, best of 3).", "",
+             "| metric | measured | goal | |", "|---|---|---|---|"]
+    lines = []
     for r in rows:
         value = f"{r['value']:.3f}" if isinstance(r["value"], float) else r["value"]
-        out.append(f"| {r['metric']} | {value} | {r['goal']} | {'held' if r['held'] else '**missed**'} |")
-    return [*out, ""]
+        lines.append(f"| {r['metric']} | {value} | {r['goal']} | {'held' if r['held'] else '**missed**'} |")
+    return _section("Goals", intro, lines)
 
 
 def _copy_lines(m: dict) -> list[str]:
     if "copy" not in m:
         return []
-    out = ["## Copying", "",
-           "Greedy next-token accuracy on a passage read twice in a row (the second reading is what a model that",
-           "copies predicts; the first is ordinary prediction): 16 held-out passages of 64 tokens, and 16",
-           "sequences of 64 random token ids (seed 0).", "",
-           "| model | held-out: first / second reading | random ids: first / second reading |", "|---|---|---|"]
+    intro = ["Greedy next-token accuracy on a passage read twice in a row (the second reading is what a model that",
+             "copies predicts; the first is ordinary prediction): 16 held-out passages of 64 tokens, and 16",
+             "sequences of 64 random token ids (seed 0).", "",
+             "| model | held-out: first / second reading | random ids: first / second reading |", "|---|---|---|"]
+    lines = []
     for key, name in (("target", "tiny"), ("draft", "tiny-draft")):
         h, r = m["copy"][key], m["copy_random_detail"][key]
-        out.append(f"| `{name}` | {h['first_read']:.1%} / {h['second_read']:.1%} | {r['first_read']:.1%} / {r['second_read']:.1%} |")
-    return [*out, ""]
+        lines.append(f"| `{name}` | {h['first_read']:.1%} / {h['second_read']:.1%} "
+                     f"| {r['first_read']:.1%} / {r['second_read']:.1%} |")
+    return _section("Copying", intro, lines)
 
 
 def _loop_lines(m: dict) -> list[str]:
     if "loop_check" not in m:
         return []
-    out = ["## Loop check", "",
-           "`tiny`'s greedy text, 64 new tokens per prompt: a loop is a stretch of max(16, 3p) tokens repeating with",
-           "a period p <= 8 tokens.", ""]
+    intro = ["`tiny`'s greedy text, 64 new tokens per prompt: a loop is a stretch of max(16, 3p) tokens repeating with",
+             "a period p <= 8 tokens.", ""]
+    lines = []
     for r in m["loop_check"]:
         verdict = f"loops (period {r['period']})" if r["period"] else "no loop"
-        out.append(f"- {json.dumps(r['prompt'])}: {verdict}: {json.dumps(r['text'])}")
-    return [*out, ""]
+        lines.append(f"- {json.dumps(r['prompt'])}: {verdict}: {json.dumps(r['text'])}")
+    return _section("Loop check", intro, lines)

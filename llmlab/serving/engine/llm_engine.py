@@ -117,7 +117,7 @@ class Engine:
                     tokenized_ns: int | None = None) -> Sequence:
         self.check_request(len(prompt_ids), params)
         gen = None
-        if params.temperature > 0 and params.seed is not None:  # its own stream: the same tokens whatever runs beside it
+        if not params.sampling.greedy and params.seed is not None:  # its own stream: the same tokens whatever runs beside it
             gen = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         t = now_ns()
         seq = Sequence(next(self._ids), list(map(int, prompt_ids)), params, gen, arrival_ns=arrival_ns or t, tokenized_ns=tokenized_ns or t)
@@ -182,11 +182,10 @@ class Engine:
         out = logits.argmax(dim=-1)  # (M,)
         groups: dict[tuple, list[int]] = {}
         for i, seq in enumerate(seqs):
-            p = seq.params
-            if p.temperature > 0:
-                groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(i)
-        for (t, k, tp, mp), rows in groups.items():
-            pr = sampling.probs(logits[rows], temperature=t, top_k=k, top_p=tp, min_p=mp)  # (G, V)
+            if not seq.params.sampling.greedy:
+                groups.setdefault(seq.params.sampling, []).append(i)
+        for params, rows in groups.items():
+            pr = params.probs(logits[rows])  # (G, V)
             shared = [j for j, i in enumerate(rows) if seqs[i].generator is None]
             if shared:
                 out[[rows[j] for j in shared]] = torch.multinomial(pr[shared], 1, generator=self.generator)[:, 0]

@@ -21,15 +21,12 @@ with a mask falls to the math path, K/V are expanded to the query heads when tha
 kernel. `backends` counts which backend each kind of call got (torch's own dispatcher is asked).
 There is no paged-attention kernel here: that is what vLLM's and FlashInfer's kernels add.
 
-The weights are the Hugging Face model's own modules (Linear layers, embeddings, the rotary
-embedding module, so RoPE scaling is computed exactly as HF computes it for the config);
-the composition is ours: RMSNorm -> attention (GQA, RoPE, optional Qwen3 q/k norms) ->
-residual -> RMSNorm -> SwiGLU -> residual. Llama, Mistral (sliding window not applied: exact
-only within the window), Qwen2 (q/k/v biases come with the Linear modules) and Qwen3.
+The layers are `llmlab.inference.llama`'s, shared with tensor parallelism: the model's own HF
+modules (Linear layers, embeddings, the rotary embedding module, so RoPE scaling is computed
+exactly as HF computes it for the config) composed as RMSNorm -> attention -> residual ->
+RMSNorm -> SwiGLU -> residual; this runner brings the attention over the paged cache.
 
 References:
-- HF transformers `models/llama/modeling_llama.py` (rotate_half, apply_rotary_pos_emb, LlamaRMSNorm).
-- gpt-fast `model.py`: one small function per block, shape comments.
 - nano-vllm `engine/model_runner.py`: slot mapping (block_table[pos // B] * B + pos % B).
 """
 
@@ -40,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from llmlab.inference.llama import expand_kv, head_counts, layer_forward, layers_of, rms_norm, rope
 
 
 @dataclass
@@ -68,36 +67,13 @@ def sdpa_backend(q, k, v, mask=None, is_causal: bool = False, enable_gqa: bool =
     return SDPBackend(choice).name
 
 
-def expand_kv(k: torch.Tensor, groups: int) -> torch.Tensor:
-    """(B, Hkv, T, D) -> (B, Hkv * groups, T, D): each KV head repeated for its query heads (GQA made MHA)."""
-    return k if groups == 1 else k.repeat_interleave(groups, dim=1)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (N, H): x / rms(x) * weight, in float32 as HF computes it, back to x's dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (N, heads, D), cos/sin (N, 1, D)."""
-    return x * cos + rotate_half(x) * sin
-
-
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int):
         cfg = model.config
         self.model = model
         self.base = model.model  # LlamaModel (or Qwen2Model, MistralModel): embed_tokens, layers, norm, rotary_emb
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.layers = layers_of(model)
+        self.n_heads, self.n_kv, self.head_dim = head_counts(cfg)
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim**-0.5
         p = next(model.parameters())
@@ -165,17 +141,10 @@ class ModelRunner:
             o = self.attend("decode-ragged", q.unsqueeze(2), k, v, mask=mask[:, None, None, :])
         return o.squeeze(2)  # (Nd, Hq, D)
 
-    # ---------------------------------------------------------------- one layer
+    # ---------------------------------------------------------------- one layer's attention
 
-    def attention_block(self, li: int, layer, h: torch.Tensor, cos, sin, b: Batch) -> torch.Tensor:
-        attn = layer.self_attn
-        n = h.shape[0]
-        q = attn.q_proj(h).view(n, self.n_heads, self.head_dim)  # (N, Hq, D)
-        k = attn.k_proj(h).view(n, self.n_kv, self.head_dim)  # (N, Hkv, D)
-        v = attn.v_proj(h).view(n, self.n_kv, self.head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over head_dim before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    def attention(self, li: int, q, k, v, b: Batch) -> torch.Tensor:
+        """Layer `li`: write the step's K/V into the paged cache, attend -> (N, Hq, D)."""
         kc, vc = self.k_cache[li], self.v_cache[li]  # (slots, Hkv, D)
         kc[b.slots] = k
         vc[b.slots] = v
@@ -187,13 +156,9 @@ class ModelRunner:
             v_all = vb.index_select(0, table).view(-1, self.n_kv, self.head_dim)[:ctx]
             o[start : start + n_new] = self.prefill_attention(q[start : start + n_new], k_all, v_all, n_new)
         if b.decode_rows.numel():
-            o[b.decode_rows] = self.decode_attention(q[b.decode_rows], kb, vb, b.decode_tables, b.decode_lens, b.decode_len)
-        return attn.o_proj(o.view(n, self.n_heads * self.head_dim))  # (N, hidden)
-
-    @staticmethod
-    def mlp(layer, h: torch.Tensor) -> torch.Tensor:
-        m = layer.mlp  # SwiGLU: down(act(gate(h)) * up(h))
-        return m.down_proj(m.act_fn(m.gate_proj(h)) * m.up_proj(h))
+            o[b.decode_rows] = self.decode_attention(q[b.decode_rows], kb, vb, b.decode_tables, b.decode_lens,
+                                                     b.decode_len)
+        return o
 
     # ---------------------------------------------------------------- the forward
 
@@ -201,10 +166,8 @@ class ModelRunner:
     def forward(self, b: Batch) -> torch.Tensor:
         """One ragged step -> logits (M, V) for `b.logit_rows`, float32."""
         x = self.base.embed_tokens(b.input_ids)  # (N, hidden)
-        cos, sin = self.base.rotary_emb(x[None], b.positions[None])  # (1, N, D) each, HF's own RoPE (scaling included)
-        cos, sin = cos[0].unsqueeze(1).to(x.dtype), sin[0].unsqueeze(1).to(x.dtype)  # (N, 1, D)
-        for li, layer in enumerate(self.base.layers):
-            x = x + self.attention_block(li, layer, rms_norm(x, layer.input_layernorm.weight, self.eps), cos, sin, b)
-            x = x + self.mlp(layer, rms_norm(x, layer.post_attention_layernorm.weight, self.eps))
+        cos, sin = rope(self.base.rotary_emb, x, b.positions)  # (N, 1, D) each
+        for li, layer in enumerate(self.layers):
+            x = layer_forward(x, layer, cos, sin, self.eps, lambda q, k, v, li=li: self.attention(li, q, k, v, b))
         x = rms_norm(x[b.logit_rows], self.base.norm.weight, self.eps)  # (M, hidden): the LM head only where needed
         return self.model.lm_head(x).float()  # (M, V)

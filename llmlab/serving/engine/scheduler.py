@@ -25,6 +25,7 @@ from enum import Enum
 
 import torch
 
+from llmlab.inference.sampling import SamplingParams
 from llmlab.serving.engine.block_manager import BlockManager
 
 now_ns = time.perf_counter_ns
@@ -32,27 +33,16 @@ now_ns = time.perf_counter_ns
 
 @dataclass(frozen=True)
 class RequestParams:
-    """What one request asks for. temperature 0 = greedy; top_k 0 / top_p 1.0 / min_p 0.0 = off."""
+    """What one request asks for: how to sample each token (greedy by default), how many, when to stop."""
 
     max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None  # None: a fresh generator per request, seeded from the engine's counter
+    sampling: SamplingParams = SamplingParams()
+    seed: int | None = None  # None: the engine's shared generator; an int: the request's own stream
     ignore_eos: bool = False  # True: always produce max_tokens (what benchmarks use, like vLLM's ignore_eos)
 
     def __post_init__(self):
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
 
 class Status(Enum):

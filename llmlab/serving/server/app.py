@@ -110,6 +110,8 @@ class Server:
             raise APIError(400, "token ids out of the vocabulary", param)
 
     def params(self, req, n_prompt: int, chat: bool):
+        # torch comes with the engine: the server's modules import without it
+        from llmlab.inference.sampling import SamplingParams
         from llmlab.serving.engine.scheduler import RequestParams
 
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -117,8 +119,8 @@ class Server:
             max_tokens = max(1, min(256, self.engine.max_model_len - n_prompt)) if chat else 16
         temperature = 0.0 if req.temperature < GREEDY_BELOW else req.temperature
         try:
-            params = RequestParams(max_tokens=max_tokens, temperature=temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
-                                   min_p=req.min_p, seed=req.seed, ignore_eos=req.ignore_eos)
+            sampling = SamplingParams(temperature=temperature, top_k=max(req.top_k, 0), top_p=req.top_p, min_p=req.min_p)
+            params = RequestParams(max_tokens, sampling, seed=req.seed, ignore_eos=req.ignore_eos)
             self.engine.check_request(n_prompt, params)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
