@@ -13,7 +13,7 @@ TORCH_BELOW_FLOOR := tuple(int(x) for x in torch.__version__.split('+')[0].split
 LABS    := tokens train-vs-infer five-steps prefill-decode gpu-parallelism roofline kvcache-growth samplers ttft-breakdown speculative serving quantization tensor-parallel
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo install test lint all-labs reference browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine clean $(addprefix lab-,$(LABS))
+.PHONY: demo install test lint all-labs reference browser gpu-check bench-roofline bench-samplers bench-speculative bench-engine bench-serve clean $(addprefix lab-,$(LABS))
 
 # The main job: install, then one lab on the built-in model pair (no download).
 DEMO    ?= speculative --quick
@@ -91,6 +91,14 @@ gpu-check: install
 
 bench-roofline bench-samplers bench-speculative bench-engine: bench-%: install  # static pattern (see lab-%)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.$(subst -,_,$*)
+
+# llmlab serve through HTTP at concurrency 1, 8, 32; PEER=URL: the same client against that OpenAI-compatible server
+# too (llama.cpp's llama-server: benchmarks/llamacpp.sh), with the ratios against the goals. PEER_NOTE: its threads.
+PEER      ?=
+PEER_NOTE ?=
+bench-serve: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.serve $(if $(PEER),--peer $(PEER)) \
+	  $(if $(PEER_NOTE),--peer-note "$(PEER_NOTE)") $(SERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

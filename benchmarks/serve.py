@@ -1,0 +1,228 @@
+"""Benchmark: `llmlab serve` through HTTP, alone or against another OpenAI-compatible server (the peer).
+
+The client (llmlab.loadgen.client: streamed /v1/completions, vLLM's metric definitions) runs a closed
+loop: C clients, each sending its next request when its last reply has ended, at C = 1, 8 and 32. Every
+request: a 40-token prompt (random token ids, a different prompt per request so that no prefix cache
+helps; the same prompts for both servers), 64 output tokens (`ignore_eos`), greedy (temperature 0).
+Each server gets a warm-up first (two single requests, then one round at the largest C), excluded.
+Printed per C: output tokens/s, TTFT p50 / p99 and ITL p50 (ms).
+
+This script starts `llmlab serve` (the built-in `tiny`, on the CPU, on a free port of 127.0.0.1; it
+waits for /health), measures it at every C, stops it; then, with --peer URL, measures the peer
+with the same client and the same payloads: one server after the other, never both under load. The
+peer is not started here (llama.cpp's recipe: benchmarks/llamacpp.sh). With a peer it prints
+llmlab / peer ratios against the serving goals, each marked met or missed:
+- concurrency 1: output tokens/s >= 0.5x the peer's;
+- concurrency 32: output tokens/s >= 1.0x the peer's;
+- concurrency 32: TTFT p50 no worse than the peer's (ratio <= 1.0).
+
+Threads: the output states each side's thread settings. Ours: --threads sets OMP_NUM_THREADS for the
+server process (torch's intra-op threads), --cpus pins it with taskset. The peer's are whatever it
+was started with: --peer-note says it in words (e.g. "llama-server -t 1 -np 32, taskset -c 0"), and
+its /props (llama.cpp) adds its slot count. For a fair run both sides get the same cores.
+
+Every completed request must have had its 40 prompt tokens and 64 output tokens (`usage`): a server
+that stops early or counts differently is reported, not averaged in. `make bench-serve` runs this
+(PEER=URL -> --peer, PEER_NOTE -> --peer-note, SERVE_ARGS for the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from llmlab.loadgen.client import calculate_metrics, run_load
+from llmlab.tools.gpucheck import _free_port, _wait_health  # gpu-check starts llmlab serve the same way
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "llmlab" / "tiny" / "weights" / "tiny"
+# (what, concurrency, metric, llmlab / peer must be: ">=" or "<=", bar)
+GOALS = [("output tokens/s", 1, "output_throughput", ">=", 0.5),
+         ("output tokens/s", 32, "output_throughput", ">=", 1.0),
+         ("TTFT p50 (no worse)", 32, "p50_ttft_ms", "<=", 1.0)]
+
+
+def get_json(url: str, timeout_s: float = 2.0) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return json.loads(resp.read()) if resp.status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def llmlab_server(threads: int, cpus: str | None, start_timeout_s: float):
+    """`llmlab serve` (tiny, CPU) on a free port of 127.0.0.1 until the block ends; yields its base URL."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "llmlab", "serve", "--model", "tiny", "--device", "cpu", "--port", str(port)]
+    if cpus:
+        if not shutil.which("taskset"):
+            raise SystemExit("--cpus needs taskset (util-linux)")
+        cmd = ["taskset", "-c", cpus, *cmd]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            why = _wait_health(base, proc, start_timeout_s)
+            if why:
+                log.seek(0)
+                raise SystemExit(f"llmlab serve: {why}:\n{log.read()[-2000:]}")
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def vocab_size() -> int:
+    return json.loads((TINY / "config.json").read_text())["vocab_size"]
+
+
+def payloads(n: int, prompt_len: int, new_tokens: int, seed: int) -> list[dict]:
+    """n requests of `prompt_len` random token ids (id 0 is tiny's only special token: left out)."""
+    rng = random.Random(seed)
+    vocab = vocab_size()
+    return [{"prompt": [rng.randrange(1, vocab) for _ in range(prompt_len)], "max_tokens": new_tokens,
+             "temperature": 0.0, "ignore_eos": True} for _ in range(n)]
+
+
+def measure(base: str, args, api_key_env: str | None, label: str) -> dict[int, dict]:
+    """Warm-up, then every concurrency: {C: the row of metrics}."""
+    url = base.rstrip("/") + "/v1/completions"
+    top = max(args.concurrency)
+    load = lambda ps, c, w: asyncio.run(run_load(url, ps, concurrency=c, warmup=w, timeout_s=args.timeout,  # noqa: E731
+                                                 api_key_env=api_key_env))
+    load(payloads(top, args.prompt_len, args.new_tokens, seed=10_000), top, 2)
+    rows = {}
+    for c in args.concurrency:
+        run = load(payloads(c * args.rounds, args.prompt_len, args.new_tokens, seed=c), c, 0)
+        timed = [r for r in run.records if not r.warmup]
+        bad = [r for r in timed if r.ok and (r.output_tokens != args.new_tokens or r.prompt_tokens != args.prompt_len)]
+        for r in bad:  # counted as failed: the comparison is of 40 + 64 token requests only
+            r.error = f"{r.prompt_tokens} prompt + {r.output_tokens} output tokens ({r.output_tokens_source})"
+        m = calculate_metrics(run.records, run.duration_s)
+        errors = sorted({r.error for r in timed if not r.ok})
+        rows[c] = dict(m.__dict__, errors=errors, chunks_per_token=_chunks_per_token(timed))
+        print(f"  {label}: C={c}: {m.output_throughput:,.0f} output tokens/s, TTFT p50 {m.p50_ttft_ms:.1f} ms "
+              f"(p99 {m.p99_ttft_ms:.1f}), ITL p50 {m.p50_itl_ms:.2f} ms, {m.completed} done, {m.failed} failed"
+              + (f" ({'; '.join(errors)[:200]})" if errors else ""), flush=True)
+    return rows
+
+
+def _chunks_per_token(records) -> float:
+    """Streamed chunks with text per output token (1.0: one chunk per token, so ITL is per token)."""
+    good = [r for r in records if r.ok and r.output_tokens]
+    return sum(len(r.chunk_ns) for r in good) / max(sum(r.output_tokens for r in good), 1)
+
+
+def table(results: dict[str, dict[int, dict]]) -> list[str]:
+    head = f"{'server':14s} {'C':>3s} {'requests':>8s} {'tokens/s':>9s} {'TTFT p50':>9s} {'TTFT p99':>9s} " \
+           f"{'ITL p50':>8s} {'failed':>6s}"
+    lines = [head + "   (times in ms)", "-" * len(head)]
+    for name, rows in results.items():
+        for c, m in rows.items():
+            lines.append(f"{name:14s} {c:3d} {m['completed']:8d} {m['output_throughput']:9,.0f} "
+                         f"{m['p50_ttft_ms']:9.1f} {m['p99_ttft_ms']:9.1f} {m['p50_itl_ms']:8.2f} {m['failed']:6d}")
+    return lines
+
+
+def ratios(ours: dict[int, dict], peer: dict[int, dict]) -> list[str]:
+    """One line per goal: llmlab / peer, the bar, met or missed (or why it was not measured)."""
+    lines = []
+    for what, c, key, op, bar in GOALS:
+        name = f"C={c:<2d} {what}"
+        if c not in ours or c not in peer:
+            lines.append(f"  {name:30s} not measured (concurrency {c} not in --concurrency)")
+            continue
+        a, b = ours[c][key], peer[c][key]
+        if ours[c]["failed"] or peer[c]["failed"] or not (a > 0 and b > 0):
+            lines.append(f"  {name:30s} not judged: a side had failed requests or no value "
+                         f"(llmlab {a:.1f}, peer {b:.1f})")
+            continue
+        r = a / b
+        met = r >= bar if op == ">=" else r <= bar
+        unit = "tokens/s" if key == "output_throughput" else "ms"
+        lines.append(f"  {name:30s} {r:5.2f}x (llmlab {a:,.1f}, peer {b:,.1f} {unit}); goal {op} {bar}x: "
+                     f"{'met' if met else 'MISSED'}")
+    return lines
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                   if ln.startswith("model name"))
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    rev, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no", "llmlab")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{cpu}, {os.cpu_count()} CPUs, load average {load} at the start; llmlab at {rev or '?'}"
+            f"{' + uncommitted changes in llmlab/' if dirty else ''}")
+
+
+def _csv_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peer", help="base URL of another OpenAI-compatible server, e.g. http://127.0.0.1:8090")
+    ap.add_argument("--peer-note", default="", help="the peer's thread and core settings, in words, for the output")
+    ap.add_argument("--concurrency", type=_csv_ints, default=[1, 8, 32], help="closed-loop clients, comma-separated")
+    ap.add_argument("--rounds", type=int, default=4, help="requests each client sends per concurrency level")
+    ap.add_argument("--prompt-len", type=int, default=40)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1, help="llmlab serve's OMP_NUM_THREADS (torch threads)")
+    ap.add_argument("--cpus", default=None, help="pin llmlab serve to these CPUs (taskset -c LIST), e.g. 0")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    ap.add_argument("--start-timeout", type=float, default=180.0, help="seconds for llmlab serve to answer /health")
+    args = ap.parse_args()
+    if not args.concurrency or min(args.concurrency) < 1 or args.rounds < 1:
+        ap.error("--concurrency needs values >= 1 and --rounds >= 1")
+    return args
+
+
+def main() -> None:
+    args = parse()
+    print(f"bench-serve on {machine()}")
+    print(f"closed loop at C = {', '.join(map(str, args.concurrency))}: each client sends its next request when its "
+          f"last reply ended, {args.rounds} requests per client;\n{args.prompt_len}-token prompts (random ids, one per "
+          f"request, the same for both servers), {args.new_tokens} output tokens, ignore_eos, greedy; warm-up first")
+    ours_threads = f"OMP_NUM_THREADS={args.threads}, " + (f"taskset -c {args.cpus}" if args.cpus else "not pinned")
+    print(f"llmlab serve: tiny, cpu, float32, defaults otherwise; {ours_threads}", flush=True)
+    results: dict[str, dict[int, dict]] = {}
+    with llmlab_server(args.threads, args.cpus, args.start_timeout) as base:
+        results["llmlab serve"] = measure(base, args, None, "llmlab serve")
+    if args.peer:
+        props = get_json(args.peer.rstrip("/") + "/props") or {}
+        seen = ", ".join(f"{k} {props[k]}" for k in ("total_slots", "build_info") if k in props)
+        print(f"peer {args.peer}: {args.peer_note or 'thread settings not given (--peer-note)'}"
+              + (f"; its /props: {seen}" if seen else ""), flush=True)
+        results["peer"] = measure(args.peer, args, "OPENAI_API_KEY", "peer")
+    print()
+    print("\n".join(table(results)))
+    for name, rows in results.items():
+        odd = {c: m["chunks_per_token"] for c, m in rows.items() if abs(m["chunks_per_token"] - 1) > 0.01}
+        if odd:
+            print(f"note: {name} streamed {odd} chunks per token: its ITL is per chunk, not per token")
+    if args.peer:
+        print("\nllmlab / peer, against the goals:")
+        print("\n".join(ratios(results["llmlab serve"], results["peer"])))
+
+
+if __name__ == "__main__":
+    main()
