@@ -10,49 +10,51 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmlab.core.device import resolve_device
+from llmlab.core.device import Device, resolve_device, tf32_knobs, torch_threads
 from llmlab.core.results import LabResult, find
 from llmlab.labs import gpu_parallelism as gp
+from llmlab.labs.gpu_parallelism import harness, kernels, sizes, verdicts
+from llmlab.labs.gpu_parallelism import report as greport
 
 
 def test_python_loops_match_torch():
     g = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(257, generator=g, dtype=torch.float64) for _ in range(3))
-    assert torch.allclose(torch.tensor(gp.fma_py(a.tolist(), b.tolist(), c.tolist()), dtype=torch.float64), a * b + c)
-    assert gp.sum_py(a.tolist()) == pytest.approx(float(a.sum()), rel=1e-12)
+    assert torch.allclose(torch.tensor(sizes.fma_py(a.tolist(), b.tolist(), c.tolist()), dtype=torch.float64), a * b + c)
+    assert sizes.sum_py(a.tolist()) == pytest.approx(float(a.sum()), rel=1e-12)
     m, n = torch.randn(7, 5, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
-    assert torch.allclose(torch.tensor(gp.matmul_py(m.tolist(), n.tolist()), dtype=torch.float64), m @ n)
+    assert torch.allclose(torch.tensor(sizes.matmul_py(m.tolist(), n.tolist()), dtype=torch.float64), m @ n)
 
 
 def test_work_counts_follow_the_formulas():
-    assert gp.work_counts("elementwise", 10) == {"elements": 10, "flops": 20, "bytes": 160, "py_ops": 10}
-    assert gp.work_counts("reduction", 10) == {"elements": 10, "flops": 10, "bytes": 40, "py_ops": 10}
-    assert gp.work_counts("matmul", 4) == {"elements": 16, "flops": 128, "bytes": 192, "py_ops": 64}
+    assert sizes.work_counts("elementwise", 10) == {"elements": 10, "flops": 20, "bytes": 160, "py_ops": 10}
+    assert sizes.work_counts("reduction", 10) == {"elements": 10, "flops": 10, "bytes": 40, "py_ops": 10}
+    assert sizes.work_counts("matmul", 4) == {"elements": 16, "flops": 128, "bytes": 192, "py_ops": 64}
 
 
 def test_conv1_im2col_reference_and_flops():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 227, 227, generator=g)
     w = torch.randn(96, 3, 11, 11, generator=g)
-    ref = gp.conv1_im2col(x, w, 4)
+    ref = kernels.conv1_im2col(x, w, 4)
     assert ref.shape == (2, 96, 55, 55)
-    assert gp.rel_err(F.conv2d(x, w, stride=4), ref) < 1e-5
-    assert gp.conv1_flops(1) == 2 * 96 * 55 * 55 * 3 * 11 * 11 == 210_830_400
+    assert harness.rel_err(F.conv2d(x, w, stride=4), ref) < 1e-5
+    assert kernels.conv1_flops(1) == 2 * 96 * 55 * 55 * 3 * 11 * 11 == 210_830_400
 
 
 def test_crossover_is_where_the_gpu_wins_for_good():
     cpu = {1: 1.0, 10: 2.0, 100: 10.0, 1000: 100.0}
-    assert gp.crossover({1: 5.0, 10: 5.0, 100: 5.0, 1000: 5.0}, cpu) == 100
-    assert gp.crossover({1: 0.5, 10: 3.0, 100: 5.0, 1000: 5.0}, cpu) == 100  # an early fluke win does not count
-    assert gp.crossover({1: 0.5, 10: 1.0, 100: 5.0, 1000: 5.0}, cpu) == 1
-    assert gp.crossover({s: 2 * v for s, v in cpu.items()}, cpu) is None
+    assert verdicts.crossover({1: 5.0, 10: 5.0, 100: 5.0, 1000: 5.0}, cpu) == 100
+    assert verdicts.crossover({1: 0.5, 10: 3.0, 100: 5.0, 1000: 5.0}, cpu) == 100  # an early fluke win does not count
+    assert verdicts.crossover({1: 0.5, 10: 1.0, 100: 5.0, 1000: 5.0}, cpu) == 1
+    assert verdicts.crossover({s: 2 * v for s, v in cpu.items()}, cpu) is None
 
 
 def test_thread_counts_and_scaling_rows():
-    assert gp.thread_counts(1) == (1,)
-    assert gp.thread_counts(2) == (1, 2)
-    assert gp.thread_counts(6) == (1, 2, 4, 6)
-    rows = gp.scaling_rows([{"work": "matmul", "threads": 1, "median_ms": 10.0}, {"work": "matmul", "threads": 2, "median_ms": 6.0}])
+    assert harness.thread_counts(1) == (1,)
+    assert harness.thread_counts(2) == (1, 2)
+    assert harness.thread_counts(6) == (1, 2, 4, 6)
+    rows = sizes.scaling_rows([{"work": "matmul", "threads": 1, "median_ms": 10.0}, {"work": "matmul", "threads": 2, "median_ms": 6.0}])
     two = next(r for r in rows if r["work"] == "matmul" and r["threads"] == 2)
     assert two["speedup"] == pytest.approx(10 / 6) and two["efficiency_pct"] == pytest.approx(100 * 10 / 12)
     assert [r["speedup"] for r in rows if r["work"] == "ideal"] == [1.0, 2.0]
@@ -61,7 +63,7 @@ def test_thread_counts_and_scaling_rows():
 def test_torch_threads_restores_even_on_error():
     before = torch.get_num_threads()
     with pytest.raises(RuntimeError):
-        with gp.torch_threads(1):
+        with torch_threads(1):
             assert torch.get_num_threads() == 1
             raise RuntimeError("boom")
     assert torch.get_num_threads() == before
@@ -70,7 +72,7 @@ def test_torch_threads_restores_even_on_error():
 def test_time_interleaved_gives_one_stats_per_fn():
     cpu = resolve_device("cpu")
     a, b = torch.randn(8), torch.randn(256, 256)
-    fast, slow = gp.time_interleaved([lambda: a + 1, lambda: b @ b @ b @ b], cpu, 0.05)
+    fast, slow = harness.time_interleaved([lambda: a + 1, lambda: b @ b @ b @ b], cpu, 0.05)
     assert fast.n >= 3 and slow.n >= 3 and slow.median_ms > 5 * fast.median_ms  # 100 MFLOP vs adding 8 numbers
 
 
@@ -85,9 +87,9 @@ def test_run_on_cpu_measures_cpu_and_marks_gpu_not_measured():
         gp.Config.quick(), sizes=(1000, 100_000), matmul_ns=(16, 64), python_max_ops=5000, budget_s=0.01,
         tc_n_cpu=128, launch_count=16, conv_batch=1, parts=("sizes", "waves", "tensor-cores", "launch", "alexnet", "copies"),
     )
-    threads, knobs = torch.get_num_threads(), {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}
+    threads, knobs = torch.get_num_threads(), {k: getattr(o, a) for k, (o, a, _, _) in tf32_knobs().items()}
     res = gp.run(cfg, resolve_device("cpu"))
-    assert torch.get_num_threads() == threads and knobs == {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}
+    assert torch.get_num_threads() == threads and knobs == {k: getattr(o, a) for k, (o, a, _, _) in tf32_knobs().items()}
     el = res.tables["throughput_elementwise"]
     assert {"python loop", "cpu 1 thread"} <= set(el.way) and el.ok.all() and (el.median_ms > 0).all()
     assert not any(t.astype(str).apply(lambda col: col.str.contains("gpu|cuda")).any().any() for t in res.tables.values())  # no GPU figure anywhere
@@ -145,7 +147,7 @@ def _tables(py_ratio=300.0, eff=(60.0, 90.0), bf16=2.0, loop_ratio=5.0, conv_rat
 def _waves(drops: dict[int, float], step: int = 32, top: int = 384) -> pd.DataFrame:
     """A synthetic wave sweep: flat 100 TFLOP/s except a drop (fraction) at the given M."""
     rows = [dict(M=m, sms=132, tflops=100.0 * (1 - drops.get(m, 0.0))) for m in range(step, top + 1, step)]
-    return pd.DataFrame(gp.wave_rows(rows, step))
+    return pd.DataFrame(kernels.wave_rows(rows, step))
 
 
 CPU_IDS = ("python_loop_vs_vectorised", "matmul_thread_scaling", "fma_scales_worse_than_matmul", "cpu_bf16_beats_fp32",
@@ -168,15 +170,15 @@ def test_judge_every_claim_can_fail():
 
 def test_wave_drops_must_sit_at_the_predicted_boundaries():
     """Issue 12 item 6: 'any adjacent drop > 5%' passed on noise; now a drop must be at M = 128w (+- one step)."""
-    assert gp.wave_claim(_waves({160: 0.2, 288: 0.2})).holds is True  # just past 128 and 256
-    assert gp.wave_claim(_waves({192: 0.1, 288: 0.1})).holds is True  # one step late still counts
-    noise = gp.wave_claim(_waves({96: 0.2}))  # a drop > 5%, but mid-wave: the old rule said "holds"
+    assert verdicts.wave_claim(_waves({160: 0.2, 288: 0.2})).holds is True  # just past 128 and 256
+    assert verdicts.wave_claim(_waves({192: 0.1, 288: 0.1})).holds is True  # one step late still counts
+    noise = verdicts.wave_claim(_waves({96: 0.2}))  # a drop > 5%, but mid-wave: the old rule said "holds"
     assert noise.holds is False and noise.measured == "0/2 waves, 1 stray"
-    assert gp.wave_claim(_waves({160: 0.2, 288: 0.2, 352: 0.08})).holds is False  # a stray drop refutes the saw-tooth
-    assert gp.wave_claim(_waves({})).holds is False  # no drop at all: no saw-tooth
+    assert verdicts.wave_claim(_waves({160: 0.2, 288: 0.2, 352: 0.08})).holds is False  # a stray drop refutes the saw-tooth
+    assert verdicts.wave_claim(_waves({})).holds is False  # no drop at all: no saw-tooth
     wq = _waves({})
     assert list(wq[wq.boundary].M) == [160, 288]  # the first M past 128 and 256
-    assert gp.wave_claim(None).holds is None
+    assert verdicts.wave_claim(None).holds is None
 
 
 def test_views_have_their_columns():
@@ -186,12 +188,12 @@ def test_views_have_their_columns():
         df = v.rows(res.tables[v.table]) if v.rows else res.tables[v.table]
         missing = [c.key for c in v.cols if c.key not in df.columns and c.key not in ("gflops", "pct_of_peak", "GBps", "pct_of_link", "efficiency_pct", "median_ms", "speedup", "waves")]
         assert not missing and len(v.cols) <= 6, (v.title, missing)
-    piv = gp._pivot(res.tables["throughput_elementwise"], "gelems_per_s")
+    piv = greport._pivot(res.tables["throughput_elementwise"], "gelems_per_s")
     assert list(piv.columns) == ["size", "cpu 1 thread", "cpu 2 threads", "python loop", "gpu"] and len(piv) == 3
-    assert list(gp._wave_rows(_waves({}))["M"]) == [160, 288]
-    shown = gp._wave_rows(_waves({160: 0.2, 96: 0.1}))
+    assert list(greport._wave_rows(_waves({}))["M"]) == [160, 288]
+    shown = greport._wave_rows(_waves({160: 0.2, 96: 0.1}))
     assert list(shown["M"]) == [96, 160, 288] and list(shown["at"]) == ["worst elsewhere", "past a wave", "past a wave"]
-    lo = gp._launch_rows(res.tables["launch_overhead"])
+    lo = greport._launch_rows(res.tables["launch_overhead"])
     assert list(lo["speedup"]) == [5.0, 5.0, 20.0] and lo["overhead_us"].iloc[0] == pytest.approx(1e3 * 4 / 256)
 
 
@@ -216,7 +218,7 @@ def test_cli_bad_input_exits_2_with_one_line(args, cli):
 
 
 @dataclasses.dataclass(frozen=True)
-class _StandInGpu(gp.Device):
+class _StandInGpu(Device):
     """A 'GPU' that is really the CPU: runs the lab's GPU code paths here (no real GPU figure comes out of it)."""
 
     name = "stand-in GPU"
@@ -255,9 +257,9 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
     from llmlab.core import timing
 
     cpu = resolve_device("cpu")
-    monkeypatch.setattr(gp, "measure", lambda fn, device, **kw: timing.measure(fn, cpu, **kw))
-    monkeypatch.setattr(gp, "interleaved", lambda fns, repeats, device, **kw: timing.interleaved(fns, repeats, cpu, **kw))
-    monkeypatch.setattr(gp, "L2Flusher", _CountingFlusher)
+    monkeypatch.setattr(harness, "measure", lambda fn, device, **kw: timing.measure(fn, cpu, **kw))
+    monkeypatch.setattr(harness, "interleaved", lambda fns, repeats, device, **kw: timing.interleaved(fns, repeats, cpu, **kw))
+    monkeypatch.setattr(sizes, "L2Flusher", _CountingFlusher)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(multi_processor_count=2))
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
     cfg = dataclasses.replace(
@@ -267,10 +269,10 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
     _CountingFlusher.calls = 0
     res = gp.run(cfg, _StandInGpu("cuda:0"))
     gpu_rows = sum(int((res.tables[f"throughput_{w}"].way == "gpu").sum()) for w in gp.WORKS)
-    # issue 12 item 18: every timed GPU call of part 1 runs after an L2 flush (>= warm-up + probe + 3 samples per size)
+    # every timed GPU call of part 1 runs after an L2 flush (>= warm-up + probe + 3 samples per size)
     assert gpu_rows == 6 and _CountingFlusher.calls >= 5 * gpu_rows
     cfg = dataclasses.replace(cfg, parts=gp.PARTS)
-    knobs = {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}
+    knobs = {k: getattr(o, a) for k, (o, a, _, _) in tf32_knobs().items()}
     res = gp.run(cfg, _StandInGpu("cuda:0"))
     assert {"wave_quantization", "copy_bandwidth"} <= set(res.tables) and not res.skipped
     for w in gp.WORKS:
@@ -281,7 +283,7 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
     assert set(res.tables["copy_bandwidth"].memory) == {"pinned", "pageable"}
     claims = gp.judge(res)
     assert all(c.holds is not None for c in claims), [c.id for c in claims if c.holds is None]
-    assert knobs == {k: getattr(o, a) for k, (o, a, _, _) in gp._tf32_knobs().items()}  # TF32 settings restored
+    assert knobs == {k: getattr(o, a) for k, (o, a, _, _) in tf32_knobs().items()}  # TF32 settings restored
 
 
 def test_each_expected_text_states_the_test_its_verdict_applies():

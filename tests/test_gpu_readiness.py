@@ -1,4 +1,4 @@
-"""GPU paths checked with stand-ins (issue 12, items 12-14, 16): no GPU on the test machine.
+"""GPU paths checked with stand-ins: no GPU on the test machine.
 
 A fake `torch.cuda` records which device is current, which stream each event is recorded on and
 which device each synchronise waits for; a fake `pynvml` module answers some fields and refuses
@@ -167,8 +167,12 @@ def fake_pynvml(boards: list[dict], refuse: set[str] = frozenset()):
     return m
 
 
-BOARDS = [dict(uuid=f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-000000000000", bus=f"00000000:{0x10 + i:02X}:00.0", sm=1000 + 100 * i)
-          for i in range(4)]
+BOARDS = [
+    dict(
+        uuid=f"GPU-{i}{i}{i}{i}aaaa-0000-0000-0000-000000000000", bus=f"00000000:{0x10 + i:02X}:00.0", sm=1000 + 100 * i
+    )
+    for i in range(4)
+]
 
 
 def visible_as_cuda0(monkeypatch, board: int, uuid: bool = True, pci: bool = True):
@@ -195,7 +199,7 @@ def test_nvml_handle_found_by_uuid_not_by_index(monkeypatch):
 def test_nvml_handle_by_uuid_in_the_pcie_probe(monkeypatch):
     import sys
 
-    from llmlab.labs import gpu_parallelism as gp
+    from llmlab.labs.gpu_parallelism import kernels as gp
 
     visible_as_cuda0(monkeypatch, 3)
     nvml = fake_pynvml(BOARDS)
@@ -277,7 +281,7 @@ def test_tf32_helper_uses_allow_tf32_on_torch_before_2_9(monkeypatch):
 
 def test_tf32_helper_uses_fp32_precision_on_torch_2_9_and_later():
     from llmlab.core.device import tf32, tf32_knobs
-    from llmlab.labs import gpu_parallelism as gp
+    from llmlab.labs.gpu_parallelism import harness as gp
 
     if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         pytest.skip(f"torch {torch.__version__} has no fp32_precision API")
@@ -286,7 +290,7 @@ def test_tf32_helper_uses_fp32_precision_on_torch_2_9_and_later():
     with tf32(matmul=True, conv=False):
         assert m.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "ieee"
     assert m.fp32_precision == before
-    assert gp._tf32_knobs is tf32_knobs  # the lab's old name is the core helper
+    assert gp.tf32_knobs is tf32_knobs  # the lab saves and restores TF32 with the core helper
 
 
 def test_telemetry_sample_survives_a_pynvml_without_clock_event_reasons(monkeypatch):
@@ -313,7 +317,9 @@ def _launch_log(cuda, mode, setup=None, **kw):
     """The fake CUDA log of one measure() on cuda:0 after a warm-up: which calls ran between which events."""
     marks = []
     cuda.log.clear()
-    st = timing.measure(lambda: marks.append(len(cuda.log)), Device("cuda:0"), mode=mode, warmup=0, repeats=3, setup=setup, **kw)
+    st = timing.measure(
+        lambda: marks.append(len(cuda.log)), Device("cuda:0"), mode=mode, warmup=0, repeats=3, setup=setup, **kw
+    )
     return st, marks
 
 
@@ -342,8 +348,14 @@ def fake_mig_pynvml(board: int = 3):
     reasons are 'Not Supported' on the slice (as NVML does), memory is the slice's own."""
     m = fake_pynvml(BOARDS)
     mig = 100 + board
-    for name in ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature",
-                 "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetCurrentClocksEventReasons"):
+    for name in (
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+    ):
         board_only = getattr(m, name)
 
         def refuse_slice(h, *a, _f=board_only):
@@ -369,7 +381,8 @@ def test_mig_telemetry_reads_the_parent_gpu_and_says_whole_gpu(monkeypatch):
     with Telemetry(Device("cuda:0"), interval_s=0.005) as tel:
         time.sleep(0.05)
     s = tel.summary()
-    assert s["sm_clock_mhz"]["median"] == 1300 and s["temp_c"]["max"] == 43 and s["power_w"]["median"] == 300  # board 3's
+    # board 3's
+    assert s["sm_clock_mhz"]["median"] == 1300 and s["temp_c"]["max"] == 43 and s["power_w"]["median"] == 300
     assert s["throttle_reasons"] == ["sw_power_cap"] and "unsupported" not in s
     assert s["whole_gpu"].startswith("MIG slice") and "power_w" in s["whole_gpu_fields"]
 

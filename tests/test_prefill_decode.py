@@ -15,6 +15,7 @@ from llmlab.core.device import Device
 from llmlab.core.results import LabResult, find
 from llmlab.inference.flopcount import counted_flops
 from llmlab.labs import prefill_decode as P
+from llmlab.labs.prefill_decode import measure, parts
 
 CPU = Device("cpu")
 TINY = F.Shape(layers=6, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=768, vocab=4096)  # tiny's config.json
@@ -112,7 +113,7 @@ def test_e2e_prediction_from_the_parts_matches_the_whole(tiny):
     # can land on the parts or on the whole; a wrong formula misses every time
     for seed in range(3):
         with torch_threads(1):
-            df = P.measure_e2e(cfg, CPU, tiny, [64], torch.Generator().manual_seed(seed), None)
+            df = parts.measure_e2e(cfg, CPU, tiny, [64], torch.Generator().manual_seed(seed), None)
         if abs(df.iloc[0]["error"]) <= P.E2E_TOL:
             break
     row = df.iloc[0]
@@ -120,11 +121,30 @@ def test_e2e_prediction_from_the_parts_matches_the_whole(tiny):
     assert abs(row["error"]) <= P.E2E_TOL, df.to_dict("records")
 
 
+def test_decode_share_of_a_real_generation_is_predicted_from_ttft_and_itl(tiny):
+    """The decode-share part on tiny: its rows are what the claim reads, and the prediction meets the timed whole."""
+    import torch
+
+    from llmlab.core.device import torch_threads
+
+    cfg = replace(P.Config.quick(), share_prompt=128, share_output_lens=(32, 64), share_repeats=2)
+    res = LabResult(lab=P.LAB, version=P.VERSION)
+    for seed in range(3):  # a burst of the quick run beside this test can land on the parts or on the whole
+        with torch_threads(1), torch.inference_mode():
+            df = parts.measure_decode_share(cfg, CPU, tiny, parts.share_replies(cfg, 8192, res), torch.Generator()
+                                            .manual_seed(seed), None)
+        if (df["error"].abs() <= P.E2E_TOL).all():
+            break
+    assert list(df["new_tokens"]) == [32, 64] and (df["tokens"] == 128).all()
+    assert (df["predicted_share"] > 0.5).all() and (df["error"].abs() <= P.E2E_TOL).all(), df.to_dict("records")
+    assert parts.share_replies(replace(cfg, share_output_lens=(64, 9000)), 8192, res) == [64] and "9000" in res.notes[-1]
+
+
 # ---------------------------------------------------------------- judge fixtures
 
 
 def fixture(pre_share=0.8, dec_share=0.8, itl_growth=None, e2e_error=0.02, flop_ratio=1.0, link_GBps=32.0,
-            knee_batch=16, formula_batch=16.0) -> LabResult:
+            knee_batch=16, formula_batch=16.0, share_ttft_ms=20.0, share_whole_x=1.02) -> LabResult:
     """A hand-made run: tiny's shape on a machine of 100 GFLOP/s and 10 GB/s (ridge 10 FLOP/byte)."""
     peak, bw = 100.0, 10.0
     rows = []
@@ -141,14 +161,19 @@ def fixture(pre_share=0.8, dec_share=0.8, itl_growth=None, e2e_error=0.02, flop_
     res.add_table("roofs", pd.DataFrame([dict(roof="bandwidth", value=bw), dict(roof="compute", value=peak),
                                          dict(roof="ridge", value=peak / bw), dict(roof="last-level cache", value=32.0)]))
     res.add_table("phases", pd.DataFrame(rows))
-    res.add_table("intensity", P.intensity_rows(pd.DataFrame(rows), peak, bw))
+    res.add_table("intensity", parts.intensity_rows(pd.DataFrame(rows), peak, bw))
     batches = (1, 4, 16, 64)
     res.add_table("crossover", pd.DataFrame([dict(batch=b, ms=10.0 * max(1.0, b / knee_batch), roof_ms=2.0 * b,
                                                   formula_crossover=formula_batch, napkin_crossover=20.0) for b in batches]))
     res.add_table("e2e", pd.DataFrame([dict(model="tiny", tokens=32, new_tokens=8, error=e2e_error)]))
     res.add_table("flop_check", pd.DataFrame([dict(model="tiny", phase="prefill", ratio=flop_ratio),
                                               dict(model="tiny", phase="decode", ratio=1.0)]))
-    res.add_table("disagg", P.disagg_rows(P.Config(link_GBps=link_GBps), rows, TINY, 4))
+    res.add_table("disagg", parts.disagg_rows(P.Config(link_GBps=link_GBps), rows, TINY, 4))
+    share = []  # T=512 then n tokens at 2 ms a step: 20 ms of TTFT is 3.8% of n=256 (a long prefill, 200 ms, is 28%)
+    for n in (256, 1024):
+        pred = share_ttft_ms + (n - 1) * 2.0
+        share.append(parts.decode_share_row("tiny", 512, n, share_ttft_ms, 2.0, pred * share_whole_x, 2))
+    res.add_table("decode_share", pd.DataFrame(share))
     res.add_table("decode_floor", pd.DataFrame([dict(model="tiny", tokens=32, measured_ms=rows[0]["decode_ms"], overhead_ms=1.0,
                                                      memory_ms=2.0, compute_ms=0.1, weights_MiB=22.0, kv_MiB=0.2, llc_MiB=32.0)]))
     return res
@@ -163,7 +188,21 @@ CASES = {  # claim -> the fixture's arguments that make it fail
     "prefill_decode.e2e_from_parts": dict(e2e_error=-0.2),
     "prefill_decode.flops_formula": dict(flop_ratio=1.2),
     "prefill_decode.kv_move_cheaper_than_prefill": dict(link_GBps=1e-6),
+    "prefill_decode.decode_share_of_generation": dict(share_ttft_ms=200.0),
 }
+
+
+def test_decode_share_fails_when_the_timed_whole_disagrees_with_the_parts():
+    c = find(P.judge(fixture(share_whole_x=1.5)), "prefill_decode.decode_share_of_generation")
+    assert c.holds is False and "timed whole" in c.note
+    assert c.text == "decode is ~95% of generation time (T=512, n=256/1024)"  # the claim says what it tested
+    assert "n=256: 96.2%" in c.measured
+
+
+def test_decode_share_is_not_measured_without_its_table():
+    res = fixture()
+    del res.tables["decode_share"]
+    assert find(P.judge(res), "prefill_decode.decode_share_of_generation").holds is None
 
 
 def test_every_claim_holds_on_a_good_run():
@@ -196,7 +235,7 @@ def test_views_and_headline_render_from_the_tables():
     res.add_table("tokens_chart", pd.DataFrame([dict(series="prefill", tokens=32, tok_s=1.0)]))
     res.add_table("roofline_chart", pd.DataFrame([dict(series="measured roof", intensity=1.0, gflops=10.0)]))
     views = P.views(res)
-    assert [v.title[:2] for v in views] == ["1.", "2.", "3.", "4.", "5."]
+    assert [v.title[:2] for v in views] == ["1.", "2.", "3.", "4.", "5.", "6."]
     for v in views:
         if v.table in res.tables and v.rows:
             shown = v.rows(res.tables[v.table])
@@ -210,9 +249,9 @@ def test_views_and_headline_render_from_the_tables():
 def test_lengths_beyond_the_context_are_clamped_with_a_note():
     res = LabResult(lab=P.LAB, version=P.VERSION)
     cfg = P.Config(prompt_lens=(16, 4096, 9000), output_lens=(8,))
-    assert P.lengths_for(cfg, "tiny", 8192, res) == [16, 4096]
+    assert measure.lengths_for(cfg, "tiny", 8192, res) == [16, 4096]
     assert "9000" in res.notes[-1]
-    assert P.lengths_for(cfg, "arch:llama-3-8b", 8192, res) == [16]  # arch: shapes stop at arch_max_len
+    assert measure.lengths_for(cfg, "arch:llama-3-8b", 8192, res) == [16]  # arch: shapes stop at arch_max_len
 
 
 # ---------------------------------------------------------------- the CLI
@@ -266,10 +305,8 @@ def test_each_expected_text_states_the_test_its_verdict_applies():
 
 
 def test_on_a_gpu_the_first_model_leaves_l2_behind_and_buffers_are_8x_l2(monkeypatch):
-    from llmlab.core import roofs
-
-    monkeypatch.setattr(roofs, "gpu_speed_model", lambda ref, choice, device, dtype: ("arch:llama-3.2-1b", "why") if device.is_cuda else (ref, ""))
+    monkeypatch.setattr(measure, "gpu_speed_model", lambda ref, choice, device, dtype: ("arch:llama-3.2-1b", "why") if device.is_cuda else (ref, ""))
     cfg = P.Config.quick()
-    assert P.gpu_models(cfg, CPU, "float32") == (("tiny",), "")  # the CPU changes nothing
-    assert P.gpu_models(cfg, Device("cuda:0"), "bfloat16") == (("arch:llama-3.2-1b", "tiny"), "why")
-    assert P.roof_llc_multiple(cfg, CPU) == 2 and P.roof_llc_multiple(cfg, Device("cuda:0")) == 8
+    assert measure.gpu_models(cfg, CPU, "float32") == (("tiny",), "")  # the CPU changes nothing
+    assert measure.gpu_models(cfg, Device("cuda:0"), "bfloat16") == (("arch:llama-3.2-1b", "tiny"), "why")
+    assert measure.roof_llc_multiple(cfg, CPU) == 2 and measure.roof_llc_multiple(cfg, Device("cuda:0")) == 8

@@ -10,26 +10,32 @@ import pytest
 import torch
 
 from llmlab.core import roofs as core_roofs
-from llmlab.core.device import Device
+from llmlab.core.device import Device, last_level_cache_bytes
 from llmlab.core.results import LabResult, find
+from llmlab.core.roofs import batch_knee
 from llmlab.labs import roofline as R
+from llmlab.labs.roofline import measure as rmeasure
+from llmlab.labs.roofline import overlay as roverlay
+from llmlab.labs.roofline import report as rreport
+from llmlab.labs.roofline import verdicts as rjudge
+from llmlab.labs.roofline import whatif
 
 CPU = Device("cpu")
 
 
-def roofs(bw=10.0, peak=100.0, dtype="fp32") -> R.Roofs:
-    return R.Roofs(bw, "read", 1, {dtype: peak}, {dtype: "torch"})
+def roofs(bw=10.0, peak=100.0, dtype="fp32") -> rmeasure.Roofs:
+    return rmeasure.Roofs(bw, "read", 1, {dtype: peak}, {dtype: "torch"})
 
 
 # ---------------------------------------------------------------- accounting
 
 
 def test_gemm_intensity_formula():
-    flops, nbytes, ai = R.gemm_intensity(1, 4096, 4096, 4)
+    flops, nbytes, ai = roverlay.gemm_intensity(1, 4096, 4096, 4)
     assert flops == 2 * 4096 * 4096
     assert nbytes == 4 * (4096 + 4096 * 4096 + 4096)
     assert ai == pytest.approx(0.5, rel=1e-3)  # a matrix-vector product in FP32: 2 FLOPs per 4-byte weight
-    _, _, ai_sq = R.gemm_intensity(1024, 1024, 1024, 2)
+    _, _, ai_sq = roverlay.gemm_intensity(1024, 1024, 1024, 2)
     assert ai_sq == pytest.approx(2 * 1024**3 / (2 * 3 * 1024**2))  # n/3 FLOP/byte in BF16
 
 
@@ -39,9 +45,9 @@ def test_layer_matmuls_match_the_hf_model():
 
     lm = load("tiny", CPU)
     linear = {id(m.weight): m.weight.numel() for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
-    mats = R.layer_matmuls(lm.config)
+    mats = roverlay.layer_matmuls(lm.config)
     assert sum(k * n * c for _, k, n, c in mats) == sum(linear.values())
-    cost = R.step_cost(lm.config, batch=1, context=10, elem=4)
+    cost = roverlay.step_cost(lm.config, batch=1, context=10, elem=4)
     assert cost["weight_bytes"] == 4 * sum(linear.values())
     from llmlab.core.models import kv_bytes_per_token
 
@@ -52,7 +58,7 @@ def test_overlay_from_an_arch_config_allocates_nothing():
     from llmlab.core.models import load_config
 
     config = load_config("arch:llama-3-8b")
-    df = R.overlay_table(config, roofs(bw=3000, peak=700_000, dtype="bf16"), "bf16", 512, (1, 256), 1024)
+    df = roverlay.overlay_table(config, roofs(bw=3000, peak=700_000, dtype="bf16"), "bf16", 512, (1, 256), 1024)
     dec1 = df[(df["phase"] == "decode") & (df["tokens"] == 1) & (df["op"] != "attention")]
     assert set(dec1["bound"]) == {"memory"}
     assert dec1["intensity"].between(0.99, 1.0).all()  # BF16 GEMV: 2 FLOPs per 2-byte weight
@@ -66,7 +72,7 @@ def test_attention_cost_counts_the_kv_cache_once():
     from llmlab.core.models import kv_bytes_per_token, load_config
 
     config = load_config("tiny")
-    flops, nbytes = R.attention_cost(config, tokens=2, context=100, elem=2, prefill=False)
+    flops, nbytes = roverlay.attention_cost(config, tokens=2, context=100, elem=2, prefill=False)
     assert nbytes > 2 * 100 * kv_bytes_per_token(config, 2)  # 2 sequences x 100 positions of K and V, plus Q and O
     assert nbytes < 2 * 100 * kv_bytes_per_token(config, 2) * 1.05
     assert flops == 4 * config.num_attention_heads * config.head_dim * 2 * 100 * config.num_hidden_layers
@@ -86,18 +92,18 @@ def test_predicted_knee_is_ridge_times_bytes_per_weight_over_two():
     from llmlab.core.models import load_config
 
     config = load_config("tiny")
-    knee = R.predicted_knee(config, roofs(bw=10, peak=200), "fp32", context=1)
+    knee = roverlay.predicted_knee(config, roofs(bw=10, peak=200), "fp32", context=1)
     assert knee == pytest.approx(20 * 4 / 2, rel=0.1)
-    assert math.isinf(R.predicted_knee(config, roofs(bw=1, peak=10_000), "fp32", context=100_000))
+    assert math.isinf(roverlay.predicted_knee(config, roofs(bw=1, peak=10_000), "fp32", context=100_000))
 
 
 def test_measured_knee_on_a_synthetic_roofline():
     knee_true = 16
     batches = [1, 2, 4, 8, 16, 32, 64, 128]
     ms = [max(10.0, 10.0 * b / knee_true) for b in batches]  # flat, then linear in B
-    knee, reached = R.measured_knee(pd.DataFrame({"batch": batches, "median_ms": ms}))
+    knee, reached = batch_knee(batches, ms)
     assert reached and knee == pytest.approx(knee_true)
-    knee, reached = R.measured_knee(pd.DataFrame({"batch": [1, 2, 4], "median_ms": [10.0, 10.5, 11.0]}))
+    knee, reached = batch_knee([1, 2, 4], [10.0, 10.5, 11.0])
     assert not reached
 
 
@@ -106,7 +112,7 @@ def test_measured_knee_on_a_synthetic_roofline():
 
 def test_bandwidth_kernels_compute_stream_results_and_count_bytes_once():
     a, b, c = torch.zeros(1000), torch.arange(1000.0), torch.full((1000,), 2.0)
-    k = R.bandwidth_kernels(a, b, c)
+    k = core_roofs.bandwidth_kernels(a, b, c)
     assert {name: nb for name, (_, nb) in k.items()} == {"read": 4000, "write": 4000, "copy": 8000, "triad": 12000}
     k["triad"][0]()
     torch.testing.assert_close(a, b + core_roofs.TRIAD_SCALAR * c)
@@ -119,7 +125,7 @@ def test_bandwidth_kernels_compute_stream_results_and_count_bytes_once():
 
 @pytest.mark.parametrize("backend,dtype", [("torch", "fp32"), ("torch", "bf16"), ("numpy", "fp32")])
 def test_matmul_variants_match_fp64(backend, dtype):
-    R.check_matmul(backend, dtype, CPU)  # raises on a mismatch
+    core_roofs.check_matmul(backend, dtype, CPU)  # raises on a mismatch
 
 
 # ---------------------------------------------------------------- core.roofs
@@ -191,10 +197,10 @@ def test_cache_levels_and_thread_probe():
 
     caches = cpu_caches()
     if "L1d" in caches:
-        assert R.cache_level(caches["L1d"], CPU) == "L1"
-    assert R.cache_level(10 * R.last_level_cache_bytes(CPU), CPU) == "DRAM"
+        assert rmeasure.cache_level(caches["L1d"], CPU) == "L1"
+    assert rmeasure.cache_level(10 * last_level_cache_bytes(CPU), CPU) == "DRAM"
     x = torch.randn(256, 256)
-    assert R.pick_threads(lambda: x @ x, CPU) in R.thread_counts(CPU)
+    assert rmeasure.pick_threads(lambda: x @ x, CPU) in rmeasure.thread_counts(CPU)
 
 
 def test_config_validation():
@@ -275,17 +281,66 @@ def test_judge_not_measured_without_spec_or_decode():
 
 
 def test_peak_above_spec_always_carries_a_note():
-    """Issue 12 item 11: never show > 100% of spec without a note saying why."""
+    """Never show > 100% of spec without a note saying why."""
     base_clock = "2 cores x 2.00 GHz (clock from /proc/cpuinfo) x 64 FP32 FLOP/cycle"
     claims = R.judge(_result(roofs_df=_roofs_df(bf16=(226.0, 200.0, 70.0), source=base_clock)))
     c = find(claims, "roofline.bf16_peak_vs_spec")
     assert c.measured.startswith("113%") and c.holds is True
     assert "above 100%" in c.note and "clock" in c.note
     src = "2 cores x 2.00 GHz (clock from /proc/cpuinfo (no max boost clock reported)) x 64 FP32 FLOP/cycle (AVX-512); BF16 x 1024 (AMX)"
-    assert R._short_source(src) == "2 cores x 2.00 GHz x 64 FP32 FLOP/cycle"
-    assert R._short_source(src, "bf16") == "2 cores x 2.00 GHz x 1024 BF16 FLOP/cycle"
+    assert rjudge._short_source(src) == "2 cores x 2.00 GHz x 64 FP32 FLOP/cycle"
+    assert rjudge._short_source(src, "bf16") == "2 cores x 2.00 GHz x 1024 BF16 FLOP/cycle"
     boosted = _roofs_df(bf16=(226.0, 200.0, 70.0), source="2 cores x 3.50 GHz (max boost, cpufreq) x 64 FP32 FLOP/cycle")
     assert "suspect" in find(R.judge(_result(roofs_df=boosted)), "roofline.bf16_peak_vs_spec").note
+
+
+def _whatif_result(tokens_per_s=100.0, fits_llc=False) -> LabResult:
+    """A run with the what-if table as run() makes it (10 GB/s measured) and a decode step reading 1e8 bytes."""
+    res = _result()
+    res.tables["whatif"] = whatif.whatif_table(res.tables["roofs"], 16 * 2**30, "Intel Xeon", 8192)
+    res.tables["decode"] = res.tables["decode"].assign(bytes=1e8, tokens_per_s=tokens_per_s)
+    res.tables["decode_model"] = res.tables["decode_model"].assign(fits_llc=fits_llc)
+    return res
+
+
+def test_whatif_claims_hold_on_the_spec_sheets_and_a_decode_under_its_ceiling():
+    claims = R.judge(_whatif_result())
+    assert len(claims) == 9
+    bound = find(claims, "roofline.whatif_decode_memory_bound")
+    assert bound.holds is True and bound.measured.startswith("36 rows; closest")
+    ceiling = find(claims, "roofline.whatif_ceiling_bounds_measured")
+    assert ceiling.holds is True and ceiling.measured == "100.0 tok/s = 100% of the 100.0 tok/s ceiling"
+
+
+def test_whatif_claims_can_fail():
+    res = _whatif_result(tokens_per_s=200.0)  # twice what 10 GB/s can feed: the bytes are miscounted
+    spec = res.tables["whatif"]["source"] == whatif.SPEC
+    res.tables["whatif"].loc[spec.idxmax(), "ridge"] = 20.0  # a spec row whose ridge is 18x the decode intensity
+    claims = R.judge(res)
+    for cid in ("whatif_decode_memory_bound", "whatif_ceiling_bounds_measured"):
+        c = find(claims, f"roofline.{cid}")
+        assert c.holds is False and c.note, cid
+    cached = find(R.judge(_whatif_result(tokens_per_s=200.0, fits_llc=True)), "roofline.whatif_ceiling_bounds_measured")
+    assert cached.holds is None and "cache" in cached.note
+
+
+def test_whatif_table_is_napkin_math_from_the_spec_registry():
+    w = whatif.whatif_table(_roofs_df(), 16 * 2**30, "Intel Xeon", 8192)
+    spec = w[w["source"] == whatif.SPEC]
+    assert set(spec["gpu"]) == {"A100 80GB SXM", "H100 SXM", "H200 SXM", "L4", "RTX 4090", "B200"}
+    h100 = spec[(spec["gpu"] == "H100 SXM") & (spec["format"] == "bf16") & (spec["model"] == "70B (Llama 3.1)")].iloc[0]
+    assert h100["ridge"] == pytest.approx(989.4e12 / 3350e9)
+    assert h100["decode_tok_s"] == pytest.approx(3350e9 / h100["bytes_per_token"])
+    assert h100["bytes_per_token"] > 2 * 69e9 and not h100["fits"]  # 139 GB of BF16 weights: not in 80 GB
+    fp8 = spec[(spec["gpu"] == "H200 SXM") & (spec["format"] == "fp8") & (spec["model"] == "70B (Llama 3.1)")].iloc[0]
+    assert fp8["fits"] and fp8["decode_tok_s"] == pytest.approx(2 * spec[(spec["gpu"] == "H200 SXM") & (
+        spec["format"] == "bf16") & (spec["model"] == "70B (Llama 3.1)")].iloc[0]["decode_tok_s"])
+    a100 = spec[(spec["gpu"] == "A100 80GB SXM") & (spec["format"] == "fp8")]
+    assert (a100["note"] != "").all() and (a100["peak_tflops"] == 312.0).all()  # no FP8 tensor cores: BF16 math
+    mine = w[w["source"] == whatif.MEASURED]
+    assert len(mine) == 6 and (mine["bandwidth_GBps"] == 10.0).all()
+    shown = rreport._whatif_rows(w)
+    assert len(shown) == 14 and shown["gpu"].iloc[-1] == "Intel Xeon (measured)"
 
 
 def test_knee_not_reached_is_not_measured_only_when_predicted_past_the_sweep():
@@ -305,13 +360,13 @@ def test_views_fit_their_tables():
         df = v.rows(res.tables[v.table]) if v.rows else res.tables[v.table]
         missing = [c.key for c in v.cols if c.key not in df.columns]
         assert not missing and len(v.cols) <= 6 and len(df) <= v.max_rows, (v.title, missing)
-    best = R._best_threads(res.tables["bandwidth"])
+    best = rreport._best_threads(res.tables["bandwidth"])
     assert dict(zip(best["kernel"], best["threads"], strict=True)) == {"copy": 2, "triad": 1}
-    ov = R._overlay_rows(res.tables["overlay"])
+    ov = rreport._overlay_rows(res.tables["overlay"])
     assert list(ov["intensity"]) == [7.5, 0.375] and list(ov["memory_bound_ops"]) == ["0 of 2 ops", "2 of 2 ops"]
 
 
-# ---------------------------------------------------------------- bench-roofline peers (issue 12 item 9)
+# ---------------------------------------------------------------- bench-roofline peers
 
 
 def test_bench_peers_are_numpy_and_count_bytes_the_stream_way():
@@ -369,10 +424,10 @@ def test_cli_quick_end_to_end(quick_run):
     tables = d["tables"]
     for name in ("bandwidth", "bandwidth_sweep", "compute", "roofs", "intensity_sweep", "overlay", "decode_model", "decode"):
         assert tables[name]["rows"], name
-    assert d["env"]["warm_up_s"] >= 0.3  # issue 12 item 15: clocks boosted before the roofs
+    assert d["env"]["warm_up_s"] >= 0.3  # clocks boosted before the roofs
     bw = pd.DataFrame(tables["bandwidth"]["rows"], columns=tables["bandwidth"]["columns"])
     assert (bw["median_GBps"] > 0).all() and (bw["best_GBps"] >= bw["median_GBps"] * 0.999).all()
-    assert (bw["buffer_bytes"] >= 8 * R.last_level_cache_bytes(CPU) * 0.99).all() or d["notes"]  # >= 8x LLC, or capped with a note
+    assert (bw["buffer_bytes"] >= 8 * last_level_cache_bytes(CPU) * 0.99).all() or d["notes"]  # >= 8x LLC, or capped with a note
     sweep = pd.DataFrame(tables["intensity_sweep"]["rows"], columns=tables["intensity_sweep"]["columns"])
     assert sweep["intensity"].is_monotonic_increasing and (sweep["median_gflops"] > 0).all()
     ids = {c["id"] for c in d["claims"]}
@@ -401,11 +456,11 @@ def test_unknown_model_is_a_usage_error_before_any_measuring():
 
 def test_timing_path_picks_graphs_for_short_gpu_calls():
     gpu = Device("cuda:0")
-    assert R.timing_path(gpu, 0.02) == "graph"  # eager launches back to back would time the host's dispatch
-    assert R.timing_path(CPU, 0.02) == "blocks"
-    assert R.timing_path(gpu, 3.0) == R.timing_path(CPU, 3.0) == "calls"  # long calls alone: launch < 1%
-    assert R.graph_calls(0.01, 0.1, 10) == 1000  # 10 replays of 10 ms: 1000 calls of 10 us
-    assert R.graph_calls(5.0, 0.1, 10) == 8 and R.graph_calls(1e-6, 10, 3) == 10_000  # bounded both ways
+    assert rmeasure.timing_path(gpu, 0.02) == "graph"  # eager launches back to back would time the host's dispatch
+    assert rmeasure.timing_path(CPU, 0.02) == "blocks"
+    assert rmeasure.timing_path(gpu, 3.0) == rmeasure.timing_path(CPU, 3.0) == "calls"  # long calls alone: launch < 1%
+    assert rmeasure.graph_calls(0.01, 0.1, 10) == 1000  # 10 replays of 10 ms: 1000 calls of 10 us
+    assert rmeasure.graph_calls(5.0, 0.1, 10) == 8 and rmeasure.graph_calls(1e-6, 10, 3) == 10_000  # bounded both ways
 
 
 def test_sweep_point_on_a_gpu_is_timed_from_a_cuda_graph(monkeypatch):
@@ -424,11 +479,11 @@ def test_sweep_point_on_a_gpu_is_timed_from_a_cuda_graph(monkeypatch):
         captured.append(calls)
         return lambda: [fn() for _ in range(calls)]
 
-    monkeypatch.setattr(R, "measure", fake_measure)
-    monkeypatch.setattr(R, "graph_replay", fake_graph)
+    monkeypatch.setattr(rmeasure, "measure", fake_measure)
+    monkeypatch.setattr(rmeasure, "graph_replay", fake_graph)
     n = []
-    s, path = R._time(lambda: n.append(1), Device("cuda:0"), repeats=10, min_run_s=0.1)
-    assert path == "graph" and captured == [R.graph_calls(0.01, 0.1, 10)]
+    s, path = rmeasure._time(lambda: n.append(1), Device("cuda:0"), repeats=10, min_run_s=0.1)
+    assert path == "graph" and captured == [rmeasure.graph_calls(0.01, 0.1, 10)]
     assert timed[1] is not timed[0] and len(n) == 1 + captured[0]  # the second measure times the replay
     assert s.median_ms == pytest.approx(5.0 / captured[0]) and s.n == 10
 
@@ -471,12 +526,12 @@ def test_graph_replay_captures_the_calls_once(monkeypatch):
 
 def test_gpu_sweep_sizes_come_from_the_device_l2(monkeypatch):
     l2 = 50 * 2**20
-    monkeypatch.setattr(R, "last_level_cache_bytes", lambda device: l2 if device.is_cuda else 2**20)
+    monkeypatch.setattr(rmeasure, "last_level_cache_bytes", lambda device: l2 if device.is_cuda else 2**20)
     cfg = R.Config(sweep_max_llc=2.0, sweep_factor=4)
-    sizes = R.sweep_sizes(cfg, Device("cuda:0"), n_max=10**9)
+    sizes = rmeasure.sweep_sizes(cfg, Device("cuda:0"), n_max=10**9)
     assert sizes[0] * 4 == l2 // 64 and sizes[-1] * 4 == 2 * l2  # L2/64 .. 2x L2, not the CPU's 16 KiB
-    assert R.sweep_sizes(cfg, CPU, n_max=10**9)[0] * 4 == cfg.sweep_min_bytes
-    assert R.cache_level(l2, Device("cuda:0")) == "L2" and R.cache_level(l2 + 1, Device("cuda:0")) == "HBM"
+    assert rmeasure.sweep_sizes(cfg, CPU, n_max=10**9)[0] * 4 == cfg.sweep_min_bytes
+    assert rmeasure.cache_level(l2, Device("cuda:0")) == "L2" and rmeasure.cache_level(l2 + 1, Device("cuda:0")) == "HBM"
 
 
 def test_gpu_l2_size_is_read_from_the_device(monkeypatch):
@@ -510,7 +565,7 @@ def test_gpu_speed_model_leaves_l2_behind(monkeypatch):
 def test_fp32_peak_expected_text_names_the_clock():
     roofs_t = pd.DataFrame([dict(roof="compute", dtype="fp32", measured_median=300.0, spec=448.0, want_pct=70.0, loadavg_1m=None,
                                  spec_source="2 cores x 3.50 GHz (max boost clock (cpufreq cpuinfo_max_freq)) x 64 FP32 FLOP/cycle (AVX-512)")])
-    c = R._peak_claim(roofs_t, "fp32")
+    c = rjudge._peak_claim(roofs_t, "fp32")
     assert c.expected == ">= 70% of 448 GFLOP/s (at 3.50 GHz, max boost clock)" and c.holds is False
 
 

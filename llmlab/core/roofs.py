@@ -163,7 +163,8 @@ def torch_dtype(spec: str):
 
 def tf32(enabled: bool):
     """TF32 tensor-core matmuls on (True) or strict IEEE FP32 (False) inside the block; restored after.
-    core.device's one TF32 helper, so it works on every allowed torch (issue 12 item 16)."""
+
+    It wraps core.device's one TF32 helper, which speaks both torch APIs (fp32_precision and allow_tf32)."""
     return device_tf32(matmul=enabled)
 
 
@@ -281,3 +282,14 @@ def ridge_point(peak_gflops: float, bandwidth_GBps: float) -> float:
 def attainable_gflops(intensity: float, peak_gflops: float, bandwidth_GBps: float) -> float:
     """The roofline: min(peak, intensity x bandwidth)."""
     return min(peak_gflops, intensity * bandwidth_GBps)
+
+
+def batch_knee(batches, step_ms) -> tuple[float, bool]:
+    """(the knee batch, whether it is reached) of a decode batch sweep, batches ascending.
+
+    The knee is where the flat batch-1 step time meets the ray through the largest batch's time:
+    t1 x Bmax / t(Bmax). It counts as reached only when the largest batch took at least twice the
+    batch-1 time (compute shows); before that the step is flat and any knee is extrapolation.
+    """
+    t1, b_max, t_max = float(step_ms[0]), float(batches[-1]), float(step_ms[-1])
+    return t1 * b_max / t_max, t_max >= 2 * t1
