@@ -132,3 +132,18 @@ class BlockManager:
             if b.ref_count == 0:
                 self.free.append(bid)
         block_table.clear()
+
+    def import_prefix(self, token_ids: list[int]) -> list[int]:
+        """Fresh blocks for the full blocks of `token_ids` whose K/V another engine computed, registered in the
+        prefix cache under this process's own chain hashes (Python's hash of the chain's root differs between
+        processes, so a sender's hashes are never reused). The caller writes the K/V into the returned blocks
+        and holds them (ref count 1) until the request that hits them is admitted, then releases them."""
+        table, parent = [], None
+        for i in range(len(token_ids) // self.block_size):
+            b = self.blocks[self._take_free()]
+            b.token_ids = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            b.hash = parent = chain_hash(parent, b.token_ids)
+            if self.enable_prefix_cache:
+                self.cached.setdefault(b.hash, b.block_id)
+            table.append(b.block_id)
+        return table

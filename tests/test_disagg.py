@@ -1,0 +1,112 @@
+"""Disaggregated prefill (`serving.disagg`): the pool import, the workload's checks, and one run on two gloo
+ranks. The run asserts only what the code guarantees (bytes moved = the formula, greedy tokens equal to the
+colocated reply's, every request answered, no rank left behind), never a speed: both ranks may share a core."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+from llmlab.inference import tp
+from llmlab.serving.disagg import Workload, tables
+from llmlab.serving.engine.block_manager import BlockManager
+
+# ---------------------------------------------------------------- the pool import
+
+
+def test_import_prefix_is_hit_by_the_prompt_plus_its_first_token():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    prompt = list(range(10, 20))  # 10 tokens: 2 full blocks, a partial one
+    held = bm.import_prefix(prompt[:8])
+    assert len(held) == 2 and bm.num_used == 2
+    table: list[int] = []
+    assert bm.match_prefix(table, prompt + [99]) == 8  # both imported blocks hit; the partial block is computed
+    assert table == held
+    bm.release(list(held))  # the importer lets go once the request is admitted
+    assert bm.num_used == 2  # the request still holds them
+    bm.release(table)
+    assert bm.num_free == 8
+    again: list[int] = []
+    assert bm.match_prefix(again, prompt + [99]) == 8  # freed, still cached
+
+
+def test_import_prefix_takes_only_full_blocks_and_skips_the_cache_when_it_is_off():
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_cache=False)
+    assert len(bm.import_prefix(list(range(11)))) == 2
+    table: list[int] = []
+    assert bm.match_prefix(table, list(range(11))) == 0
+
+
+# ---------------------------------------------------------------- the workload
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(long_tokens=1), "long_tokens"), (dict(long_prompt=8), "one block"), (dict(long_at_ms=()), "arrival"),
+    (dict(device="tpu"), "cpu or cuda"), (dict(running=0), "running"), (dict(long_at_ms=(-1.0,)), "arrival"),
+])
+def test_workload_rejects(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        Workload(**kw)
+
+
+def test_workload_prompts_are_the_same_for_one_salt_and_the_pool_holds_every_request():
+    w = Workload(running=3, long_at_ms=(1.0, 2.0, 3.0))
+    run, long = w.prompts(4096)
+    assert (run, long) == w.prompts(4096) and (run, long) != w.prompts(4096, salt=1)
+    assert len(run) == 3 and len(long) == 3 and all(len(p) == w.long_prompt for p in long)
+    assert min(min(p) for p in run + long) >= 4
+    per = lambda n: -(-n // w.block_size)  # noqa: E731
+    assert w.num_blocks() >= 3 * per(w.running_prompt + w.running_tokens) + 3 * per(w.long_prompt + w.long_tokens)
+
+
+# ---------------------------------------------------------------- one run on two ranks
+
+SMALL = Workload(running=2, running_prompt=16, running_tokens=12, long_prompt=72, long_tokens=4,
+                 long_at_ms=(10.0, 20.0), chunk_budget=32, probe_bytes=1 << 16, probe_iters=2, timeout_s=240)
+
+
+@pytest.fixture(scope="module")
+def raw():
+    from llmlab.serving import disagg_ranks
+
+    plan = disagg_ranks.placement("cpu") | dict(store_port=tp.free_port())
+    return tp.launch(disagg_ranks.worker, 2, (SMALL, plan), timeout_s=SMALL.timeout_s)
+
+
+def test_the_handoff_moves_the_formulas_bytes_of_whole_blocks(raw):
+    t = tables(SMALL, raw)
+    assert len(t["handoff"]) == 2
+    for h in t["handoff"]:
+        assert h["shipped_tokens"] == 64 and h["blocks"] == 4  # 72 tokens: 4 full blocks of 16 ship
+        assert h["kv_bytes"] == h["formula_bytes"] == 2 * 6 * 2 * 64 * 64 * 4  # tiny: 6 layers, 2 KV heads x 64
+        assert h["prompt_formula_bytes"] == 2 * 6 * 2 * 64 * 72 * 4
+        assert h["hit_tokens"] == 64 and h["recomputed_tokens"] == 72 + 1 - 64  # the partial block + first token
+        assert h["transfer_ms"] > 0 and h["predicted_ms"] > 0
+
+
+def test_the_disaggregated_reply_is_the_colocated_one_and_every_request_is_answered(raw):
+    t = tables(SMALL, raw)
+    assert all(h["tokens_equal"] for h in t["handoff"])
+    colo, dis = t["modes"]
+    assert colo["answered"] and dis["answered"] and dis["tokens_equal"]
+    assert [r["reply_tokens"] for r in t["requests"]] == [SMALL.long_tokens] * 4
+    assert {r["mode"] for r in t["requests"]} == {colo["mode"], dis["mode"]}
+    assert all(r["ttft_ms"] > 0 and r["second_token_ms"] >= r["ttft_ms"] for r in t["requests"])
+    link = t["link"][0]
+    assert link["backend"] == "gloo" and link["rate_GBps"] > 0 and link["latency_us"] > 0
+
+
+def test_a_differing_token_is_reported_not_hidden(raw):
+    bad = copy.deepcopy(raw)
+    bad["decode"]["long"][1]["tokens"][-1] += 1
+    t = tables(SMALL, bad)
+    assert [h["tokens_equal"] for h in t["handoff"]] == [True, False]
+    assert t["modes"][1]["tokens_equal"] is False
+
+
+def test_no_rank_is_left_behind(raw):
+    for pid in tp.LAST_PIDS:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
