@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llmlab.loadgen.metrics import summary
+
 now_ns = time.perf_counter_ns
 
 
@@ -86,8 +88,10 @@ def api_headers(api_key_env: str | None) -> dict:
 
 
 async def stream_completion(client, url: str, payload: dict, index: int = 0, headers: dict | None = None,
-                            timeout_s: float = 60.0, count_tokens: Callable[[str], int] | None = None, warmup: bool = False) -> RequestRecord:
-    """POST one streamed completion and stamp every chunk. Never raises for a failed request: the record holds the error."""
+                            timeout_s: float = 60.0, count_tokens: Callable[[str], int] | None = None,
+                            warmup: bool = False) -> RequestRecord:
+    """POST one streamed completion and stamp every chunk. Never raises for a failed request: the record holds
+    the error."""
     import httpx
 
     rec = RequestRecord(index, warmup)
@@ -162,11 +166,14 @@ class LoadRun:
 
 
 async def run_load(url: str, payloads: list[dict], *, concurrency: int | None = None, request_rate: float = math.inf,
-                   burstiness: float = 1.0, warmup: int = 0, timeout_s: float = 60.0, api_key_env: str | None = "OPENAI_API_KEY",
-                   count_tokens: Callable[[str], int] | None = None, seed: int = 0, sink: list | None = None) -> LoadRun:
-    """Send `warmup` requests one by one (excluded), then every payload at `request_rate` with at most `concurrency` in flight.
+                   burstiness: float = 1.0, warmup: int = 0, timeout_s: float = 60.0,
+                   api_key_env: str | None = "OPENAI_API_KEY", count_tokens: Callable[[str], int] | None = None,
+                   seed: int = 0, sink: list | None = None) -> LoadRun:
+    """Send `warmup` requests one by one (excluded), then every payload at `request_rate` with at most
+    `concurrency` in flight.
 
-    `sink`, when given, gets every record as it completes: what a Ctrl-C (which cancels this coroutine) leaves measured."""
+    `sink`, when given, gets every record as it completes: what a Ctrl-C (which cancels this coroutine) leaves
+    measured."""
     import httpx
 
     if concurrency is not None and concurrency < 1:
@@ -177,7 +184,8 @@ async def run_load(url: str, payloads: list[dict], *, concurrency: int | None = 
         sink = [] if sink is None else sink
         records = []
         for i in range(warmup):
-            records.append(await stream_completion(client, url, payloads[i % len(payloads)], i, headers, timeout_s, count_tokens, True))
+            payload = payloads[i % len(payloads)]
+            records.append(await stream_completion(client, url, payload, i, headers, timeout_s, count_tokens, True))
             sink.append(records[-1])
         sem = asyncio.Semaphore(concurrency) if concurrency else None
 
@@ -189,7 +197,8 @@ async def run_load(url: str, payloads: list[dict], *, concurrency: int | None = 
 
         tasks = []
         t0 = time.perf_counter()
-        for i, (p, gap) in enumerate(zip(payloads, arrival_gaps(len(payloads), request_rate, burstiness, seed), strict=True)):
+        gaps = arrival_gaps(len(payloads), request_rate, burstiness, seed)
+        for i, (p, gap) in enumerate(zip(payloads, gaps, strict=True)):
             if gap > 0 and i > 0:
                 await asyncio.sleep(gap)
             tasks.append(asyncio.create_task(one(i, p)))
@@ -230,11 +239,9 @@ class ServingMetrics:
     p99_e2el_ms: float
 
 
-def _stats(name: str, xs_s: list[float]) -> dict:
-    xs = np.asarray([x for x in xs_s if not math.isnan(x)], dtype=float) * 1e3
-    if xs.size == 0:
-        return {f"{k}_{name}_ms": math.nan for k in ("mean", "p50", "p90", "p99")}
-    return {f"mean_{name}_ms": float(xs.mean()), **{f"p{q}_{name}_ms": float(np.percentile(xs, q)) for q in (50, 90, 99)}}
+def _ms_stats(name: str, xs_s: list[float]) -> dict:
+    """mean/p50/p90/p99 of seconds, in ms, keyed as vLLM's bench serve names them (`p99_ttft_ms`)."""
+    return {f"{k}_{name}_ms": v for k, v in summary(xs_s, scale=1e3).items()}
 
 
 def calculate_metrics(records: list[RequestRecord], duration_s: float) -> ServingMetrics:
@@ -245,9 +252,10 @@ def calculate_metrics(records: list[RequestRecord], duration_s: float) -> Servin
     n_out = sum(r.output_tokens or 0 for r in good)
     dur = duration_s if duration_s > 0 else math.nan
     return ServingMetrics(
-        completed=len(good), failed=len(timed) - len(good), error_rate=(len(timed) - len(good)) / len(timed) if timed else math.nan,
+        completed=len(good), failed=len(timed) - len(good),
+        error_rate=(len(timed) - len(good)) / len(timed) if timed else math.nan,
         duration_s=duration_s, total_input_tokens=n_in, total_output_tokens=n_out,
         request_throughput=len(good) / dur, output_throughput=n_out / dur, total_token_throughput=(n_in + n_out) / dur,
-        **_stats("ttft", [r.ttft_s for r in good]), **_stats("tpot", [r.tpot_s for r in good]),
-        **_stats("itl", [x for r in good for x in r.itl_s]), **_stats("e2el", [r.e2el_s for r in good]),
+        **_ms_stats("ttft", [r.ttft_s for r in good]), **_ms_stats("tpot", [r.tpot_s for r in good]),
+        **_ms_stats("itl", [x for r in good for x in r.itl_s]), **_ms_stats("e2el", [r.e2el_s for r in good]),
     )

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PHASES = ("retrieval", "template_tokenize", "prefill", "first_token")  # a request's phases before its first token, in order
+# a request's phases before its first token, in order
+PHASES = ("retrieval", "template_tokenize", "prefill", "first_token")
 
 
 @dataclass
@@ -94,12 +95,20 @@ class Trace:
         return row
 
 
-def pct(xs, qs=(50, 90, 99)) -> dict[str, float]:
-    """p50/p90/p99 (numpy's linear interpolation, as vLLM's benchmark uses) and the mean."""
-    xs = np.asarray([x for x in xs if not math.isnan(x)], float)
+def summary(xs, stats=("mean", "p50", "p90", "p99"), scale: float = 1.0) -> dict[str, float]:
+    """Named statistics of the values of `xs` that are not NaN, times `scale`: "mean", "median", "min", "max",
+    "pNN" (numpy's linear interpolation, as vLLM's benchmark uses), "n"; NaN each (n 0) when none is left."""
+    xs = np.asarray([x for x in xs if not math.isnan(x)], float) * scale
     if xs.size == 0:
-        return {**{f"p{q}_ms": math.nan for q in qs}, "mean_ms": math.nan, "n": 0}
-    return {**{f"p{q}_ms": float(np.percentile(xs, q)) for q in qs}, "mean_ms": float(xs.mean()), "n": int(xs.size)}
+        return {s: 0 if s == "n" else math.nan for s in stats}
+    named = {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max}
+    return {s: int(xs.size) if s == "n" else float(named[s](xs) if s in named else np.percentile(xs, int(s[1:])))
+            for s in stats}
+
+
+def pct(xs, qs=(50, 90, 99)) -> dict[str, float]:
+    """p50/p90/p99 and the mean of the values in ms, and how many there were."""
+    return {k if k == "n" else f"{k}_ms": v for k, v in summary(xs, (*(f"p{q}" for q in qs), "mean", "n")).items()}
 
 
 def vllm_metrics(traces: list[Trace]) -> dict[str, dict[str, float]]:
@@ -121,7 +130,8 @@ def tool_metrics(traces: list[Trace]) -> list[dict]:
     first = lambda t: (t.token_ns[0] - t.send_ns) / 1e6  # noqa: E731
     last = lambda t: (t.token_ns[-1] - t.send_ns) / 1e6  # noqa: E731
     return [
-        dict(tool="vLLM benchmark_serving", metric="TPOT", formula="(E2EL - TTFT) / (n - 1)", value_ms=mean(lambda t: t.tpot_ms)),
+        dict(tool="vLLM benchmark_serving", metric="TPOT", formula="(E2EL - TTFT) / (n - 1)",
+             value_ms=mean(lambda t: t.tpot_ms)),
         dict(tool="vLLM benchmark_serving", metric="ITL (mean of pooled gaps)", formula="every token gap, pooled",
              value_ms=float(np.mean([g for t in traces for g in t.itl_ms]))),
         dict(tool="GenAI-Perf", metric="inter_token_latency", formula="(request latency - TTFT) / (n - 1)",

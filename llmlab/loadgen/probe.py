@@ -60,7 +60,8 @@ class Server:
 
     def card(self) -> dict:
         return {"endpoint": self.base, "model": self.model, "max_model_len": self.max_model_len,
-                "tokenize": self.tokenize or "no", "metrics": f"{self.metrics_prefix}:* histograms" if self.metrics_prefix else "no",
+                "tokenize": self.tokenize or "no",
+                "metrics": f"{self.metrics_prefix}:* histograms" if self.metrics_prefix else "no",
                 "timings": "yes" if self.timings else "no", "usage": "yes" if self.usage else "no"}
 
 
@@ -98,7 +99,8 @@ def discover(endpoint: str, model: str | None, api_key_env: str | None, timeout_
             raise UsageError(f"--endpoint {base}: HTTP {r.status_code}, the key was refused "
                              f"(the key is read from the environment variable --api-key-env names: {api_key_env})")
         if r.status_code != 200:
-            raise UsageError(f"--endpoint {base}: GET /v1/models answered HTTP {r.status_code}: not an OpenAI-compatible server")
+            raise UsageError(f"--endpoint {base}: GET /v1/models answered HTTP {r.status_code}: "
+                             "not an OpenAI-compatible server")
         try:
             data = r.json()["data"]
             ids = [m["id"] for m in data]
@@ -158,24 +160,28 @@ def _check_streams(srv: Server, timeout_s: float) -> None:
     """One 2-token streamed request: SSE must come back (and it says whether usage and timings do)."""
     import httpx
 
-    body = {"model": srv.model, "prompt": "Hello", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    body = {"model": srv.model, "prompt": "Hello", "max_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": True}}
     try:
         with httpx.Client(timeout=httpx.Timeout(max(timeout_s, 30.0)), headers=srv.headers) as c, \
                 c.stream("POST", srv.completions, json=body) as r:
             if r.status_code in (404, 405):
-                raise UsageError(f"--endpoint {srv.base}: POST /v1/completions answered HTTP {r.status_code}: not an OpenAI-compatible server")
+                raise UsageError(f"--endpoint {srv.base}: POST /v1/completions answered HTTP {r.status_code}: "
+                                 "not an OpenAI-compatible server")
             if r.status_code in (401, 403):
                 raise UsageError(f"--endpoint {srv.base}: HTTP {r.status_code} on /v1/completions, the key was refused")
             if r.status_code != 200:
-                srv.notes.append(f"the streaming probe failed with HTTP {r.status_code}: requests will show their errors")
+                srv.notes.append(f"the streaming probe failed with HTTP {r.status_code}: "
+                                 "requests will show their errors")
                 return
             kind = r.headers.get("content-type", "")
             lines = [line for line in r.iter_lines() if line.startswith("data:")]
     except httpx.HTTPError as exc:
-        raise UsageError(f"--endpoint {srv.base}: the streaming probe failed ({type(exc).__name__}: {_clip(exc)})") from None
+        why = f"{type(exc).__name__}: {_clip(exc)}"
+        raise UsageError(f"--endpoint {srv.base}: the streaming probe failed ({why})") from None
     if "text/event-stream" not in kind or not lines:
-        raise UsageError(f"--endpoint {srv.base}: the server does not stream (stream: true answered {kind or 'no content type'}, "
-                         "no SSE data lines); TTFT needs a streaming server")
+        raise UsageError(f"--endpoint {srv.base}: the server does not stream (stream: true answered "
+                         f"{kind or 'no content type'}, no SSE data lines); TTFT needs a streaming server")
     srv.usage = any('"usage"' in line and '"completion_tokens"' in line for line in lines)
     srv.timings = any('"timings"' in line and '"prompt_ms"' in line for line in lines)
 
@@ -276,7 +282,8 @@ async def scrape(client, srv: Server) -> dict[str, float] | None:
 
 
 def metric_delta(before: dict | None, after: dict | None, prefix: str) -> dict | None:
-    """Server phases of the one request that ran between two scrapes, in ms; None unless exactly one request finished."""
+    """Server phases of the one request that ran between two scrapes, in ms; None unless exactly one request
+    finished."""
     if not before or not after:
         return None
     p = prefix + ":"
@@ -286,7 +293,8 @@ def metric_delta(before: dict | None, after: dict | None, prefix: str) -> dict |
     out = {}
     for key, name in HISTOGRAMS.items():
         n = after.get(f"{p}{name}_count", 0) - before.get(f"{p}{name}_count", 0)
-        out[f"{key}_ms"] = 1e3 * (after.get(f"{p}{name}_sum", 0) - before.get(f"{p}{name}_sum", 0)) if round(n) == 1 else None
+        spent = after.get(f"{p}{name}_sum", 0) - before.get(f"{p}{name}_sum", 0)
+        out[f"{key}_ms"] = 1e3 * spent if round(n) == 1 else None
     for c in PREFIX_COUNTERS:
         if p + c in after:
             out[c.removesuffix("_total")] = after[p + c] - before.get(p + c, 0)
@@ -297,7 +305,8 @@ async def alone(client, srv: Server, prompt: dict, max_tokens: int, index: int, 
                 count_tokens=None) -> tuple[RequestRecord, dict | None]:
     """One request with nothing else in flight (from us): its record, and the /metrics delta around it."""
     before = await scrape(client, srv)
-    payload = {"model": srv.model, "prompt": prompt["prompt"], "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    payload = {"model": srv.model, "prompt": prompt["prompt"], "max_tokens": max_tokens, "temperature": 0.0,
+               "ignore_eos": True}
     rec = await stream_completion(client, srv.completions, payload, index, srv.headers, timeout_s, count_tokens)
     delta = None
     if before is not None and rec.ok:
