@@ -10,6 +10,7 @@ from llmlab.core.device import Device
 from llmlab.core.models import ARCHS, arch_config, load
 from llmlab.core.results import LabResult, find
 from llmlab.labs import kvcache_growth as kv
+from llmlab.labs.kvcache_growth import quadratic
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,7 @@ def test_judge_bytes_match_formula_holds_and_fails():
 
 
 def test_judge_cache_outweighs_weights_from_measured_rows():
-    """Issue 12 item 1: the crossing is judged from measured cache rows, not passed as a literal True."""
+    """The crossing is judged from measured cache rows, not passed as a literal True."""
     c = find(kv.judge(_result(real_cache=_real(GOOD_REAL))), "kvcache_growth.cache_outweighs_weights")
     assert c.holds is True and "b=4 x 64" in c.measured and "4/4 rows" in c.measured
     # a cache measured above the weights before N tokens (say a leak): the claim fails
@@ -190,7 +191,7 @@ def test_judge_cache_outweighs_weights_from_measured_rows():
 
 
 def test_registry_alone_makes_no_outweighs_claim():
-    """Issue 12 item 1: the registry's 'outweighs at N' is a formula column, never a claim."""
+    """The registry's 'outweighs at N' is a formula column, never a claim."""
     reg = [dict(model="llama-2-7b", bf16_KiB_per_token=512.0, measured_bf16_KiB_per_token=512.0),
            dict(model="llama-3-8b", bf16_KiB_per_token=128.0, measured_bf16_KiB_per_token=128.0)]
     ids = [c.id for c in kv.judge(_result(registry=reg))]
@@ -229,8 +230,8 @@ def test_judge_allocator_holds_fails_and_is_not_measured_without_a_gpu():
 
 
 def _fits(n=48, a=1e-4, quad_ssr=1e-4, lin_ssr=1e-2, equal=None):
-    return [dict(mode="without cache", n_max=n, quad_a_s_per_tok2=a, quad_ssr=quad_ssr, lin_ssr=lin_ssr, step_ms_first=5.0,
-                 step_ms_last=12.0, tokens_equal=n if equal is None else equal, tokens_compared=n),
+    return [dict(mode="without cache", n_max=n, quad_a_s_per_tok2=a, quad_ssr=quad_ssr, lin_ssr=lin_ssr,
+                 step_ms_first=5.0, step_ms_last=12.0, tokens_equal=n if equal is None else equal, tokens_compared=n),
             dict(mode="with cache", n_max=n, quad_a_s_per_tok2=1e-7, quad_ssr=1e-5, lin_ssr=1.1e-5, step_ms_first=4.0,
                  step_ms_last=4.1, tokens_equal=n if equal is None else equal, tokens_compared=n)]
 
@@ -238,7 +239,8 @@ def _fits(n=48, a=1e-4, quad_ssr=1e-4, lin_ssr=1e-2, equal=None):
 def test_judge_quadratic_holds_fails_and_needs_enough_tokens():
     q = "kvcache_growth.no_cache_quadratic"
     assert find(kv.judge(_result(generation_fits=_fits())), q).holds is True
-    assert find(kv.judge(_result(generation_fits=_fits(quad_ssr=0.9e-2))), q).holds is False  # the parabola fits no better
+    # the parabola fits no better
+    assert find(kv.judge(_result(generation_fits=_fits(quad_ssr=0.9e-2))), q).holds is False
     assert find(kv.judge(_result(generation_fits=_fits(a=-1e-6))), q).holds is False  # bending down
     c = find(kv.judge(_result(generation_fits=_fits(n=8))), q)
     assert c.holds is None and "8 tokens" in c.note
@@ -263,7 +265,8 @@ def test_cli_quick_end_to_end(quick_run):
     assert find(res.claims, "kvcache_growth.bytes_match_formula").holds is True
     assert find(res.claims, "kvcache_growth.gqa_4x_smaller").holds is True
     assert find(res.claims, "kvcache_growth.sliding_window_caps").holds is True
-    assert find(res.claims, "kvcache_growth.cache_outweighs_weights").holds is True  # batch 16 x 256 crosses tiny's 3,757
+    # batch 16 x 256 crosses tiny's 3,757
+    assert find(res.claims, "kvcache_growth.cache_outweighs_weights").holds is True
     assert find(res.claims, "kvcache_growth.cache_same_output").holds is True
     assert find(res.claims, "kvcache_growth.dynamic_cache_copies").holds is None and "allocator" in res.skipped
     # the saved run re-judges to the same verdicts
@@ -281,7 +284,7 @@ def test_bad_input_exits_2_with_one_line(args, cli):
 
 
 def test_trap_times_through_core_interleaved(tiny, monkeypatch):
-    """Issue 12 item 26: the trap's timing is core.timing.interleaved (the lab's private loop is gone)."""
+    """The trap's timing is core.timing.interleaved, the one interleaved timing loop."""
     import llmlab.core.timing as timing
 
     calls = []
@@ -324,9 +327,10 @@ def test_trap_setup_changes_nothing_on_a_cpu(tiny):
 def test_trap_setup_on_a_gpu_takes_a_model_past_l2_and_device_sized_tokens(tiny, monkeypatch):
     from llmlab.core import models, roofs
 
-    monkeypatch.setattr(roofs, "gpu_speed_model", lambda ref, choice, device, dtype: ("arch:qwen2.5-0.5b", "arch:qwen2.5-0.5b (why)"))
+    monkeypatch.setattr(roofs, "gpu_speed_model",
+                        lambda ref, choice, device, dtype: ("arch:qwen2.5-0.5b", "arch:qwen2.5-0.5b (why)"))
     monkeypatch.setattr(models, "load", lambda ref, device, dtype: type("LM", (), {"model": tiny})())
-    monkeypatch.setattr(kv, "trap_tokens", lambda model, device, cfg: (1024, "1024 tokens from the device"))
+    monkeypatch.setattr(quadratic, "trap_tokens", lambda model, device, cfg: (1024, "1024 tokens from the device"))
     res = LabResult.new(kv.LAB, kv.VERSION, _cfg())
     _, cfg = kv.trap_setup(res, tiny, Device("cuda:0"), _cfg(gen_tokens=160))
     assert cfg.gen_tokens == 1024 and res.env["trap_model"] == "arch:qwen2.5-0.5b"
