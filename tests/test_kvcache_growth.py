@@ -123,7 +123,7 @@ def test_fit_tells_quadratic_from_linear():
     rng = np.random.default_rng(0)
     quad = np.cumsum(0.01 + 0.0003 * n) + rng.normal(0, 1e-3, n.size)
     line = np.cumsum(0.01 + rng.normal(0, 1e-3, n.size))
-    fq, fl = kv.fit_growth(n, quad), kv.fit_growth(n, line)
+    fq, fl = kv.fit_total_time(n, quad), kv.fit_total_time(n, line)
     assert kv.is_quadratic(fq) and fq[2]["coef"][0] == pytest.approx(0.00015, rel=0.05)
     assert not kv.is_quadratic(fl) and fl[1]["r2"] > 0.999
 

@@ -46,7 +46,7 @@ from llmlab.labs.kvcache_growth.formula import (
     sliding_window,
 )
 from llmlab.labs.kvcache_growth.quadratic import (
-    fit_growth,
+    fit_total_time,
     generate_with_cache,
     generate_without_cache,
     is_quadratic,
@@ -89,7 +89,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
 
 
 __all__ = ["JUDGE_VERSION", "LAB", "VERSION", "Config", "allocator_rows", "attention_kind", "cache_dtype",
-           "cached_tokens", "figures", "fit_growth", "generate_with_cache", "generate_without_cache", "headline",
+           "cached_tokens", "figures", "fit_total_time", "generate_with_cache", "generate_without_cache", "headline",
            "is_quadratic", "judge", "kv_bytes", "kv_cache_bytes", "measure_cache_rows", "measured_kv_per_token",
            "registry_rows", "run", "sliding_window", "sliding_window_rows", "trap", "trap_setup", "trap_tokens",
            "views"]

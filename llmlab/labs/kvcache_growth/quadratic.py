@@ -52,7 +52,7 @@ def generate_with_cache(model, ids, n: int, sync=None):
     return g.tokens, [g.prefill_s, *g.step_s]
 
 
-def fit_growth(n: np.ndarray, total_s: np.ndarray) -> dict:
+def fit_total_time(n: np.ndarray, total_s: np.ndarray) -> dict:
     """Least squares of total time vs n: a line (1) and a parabola (2), each with `coef` highest power first,
     R^2, residuals and its fit at each n; the n^2 term's share of the fitted total at n_max, and the n
     where the n^2 term overtakes the linear one (b / a)."""
@@ -110,7 +110,7 @@ def trap(model, device: Device, cfg: Config, progress=None) -> dict:
         context = cfg.gen_prompt + n - 1  # tokens the step attends over (the prompt plus tokens so far)
         slope = np.polyfit(context, per_step * 1e3, 1)
         out["modes"][mode] = dict(per_step_s=per_step, runs=np.array(runs), n=n, total_s=total, context=context,
-                                  fit=fit_growth(n.astype(float), total), step_slope_ms_per_ktok=slope[0] * 1e3,
+                                  fit=fit_total_time(n.astype(float), total), step_slope_ms_per_ktok=slope[0] * 1e3,
                                   total_stats=totals[mode])
     return out
 
