@@ -6,16 +6,18 @@ lab once instead of twice keeps the suite inside its time budget on 2 cores.
 
 `start_serve(*args)`: a real `llmlab serve` subprocess on 127.0.0.1 and a free port, up and healthy.
 
-`cli(*args)`: `llmlab ARGS` through `llmlab.main.main()` in this process: (returncode, stdout, stderr). For bad input
-(exit 2, one `error:` line) and --help: a subprocess re-imports torch and transformers, 3-6 s each time.
-tests/test_cli.py keeps one bad-input check in a real process, for the entry point's own exit-2 path.
+`cli(*args)`: `llmlab ARGS` through `llmlab.main.main()` in this process: (returncode, stdout,
+stderr). For bad input (exit 2, one `error:` line) and --help: a subprocess re-imports torch and
+transformers, 3-6 s each time. tests/test_cli.py keeps one bad-input check in a real process, for
+the entry point's own exit-2 path.
 
 Two streams on the 2 cores: a test that asks for a quick run not yet started runs it itself, while a
 background thread runs the others one at a time, starting from the one the selected tests ask for last:
-the two meet in the middle, and neither waits long for the other. Every
-process of the session uses one torch thread (OMP_NUM_THREADS=1, set here before torch loads): two
-multi-threaded OpenMP processes on 2 cores spin-wait on each other's descheduled threads, and a tiny
-decode ran 10x slower that way. Set OMP_NUM_THREADS yourself to override.
+the two meet in the middle, and neither waits long for the other.
+
+Every process of the session uses one torch thread (OMP_NUM_THREADS=1, set here before torch loads):
+two multi-threaded OpenMP processes on 2 cores spin-wait on each other's descheduled threads, and a
+tiny decode runs 10x slower that way. Set OMP_NUM_THREADS yourself to override.
 """
 
 from __future__ import annotations
@@ -146,10 +148,13 @@ def quick_run():
 
 @pytest.fixture
 def cli(capsys, monkeypatch):
-    """`cli(*args, columns=80, env=None)`: `llmlab ARGS` in this process, its error handling included (main() always
-    calls sys.exit). Only for what stops before measuring (bad input, --help): a lab that runs here would leave its
-    state behind. Env read at import time (CUDA_VISIBLE_DEVICES once torch has started) needs a real subprocess.
-    The seeds run_lab sets before a lab's own checks fail are put back afterwards."""
+    """`cli(*args, columns=80, env=None)`: `llmlab ARGS` in this process, its error handling included
+    (main() always calls sys.exit).
+
+    Only for what stops before measuring (bad input, --help): a lab that runs here would leave its state
+    behind. Env read at import time (CUDA_VISIBLE_DEVICES once torch has started) needs a real subprocess.
+    The seeds run_lab sets before a lab's own checks fail are put back afterwards.
+    """
     from llmlab import main as llmlab_cli
 
     def run(*args: str, columns: int = 80, env: dict[str, str] | None = None) -> types.SimpleNamespace:

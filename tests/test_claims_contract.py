@@ -15,10 +15,10 @@ import pytest
 from llmlab.tools import readme
 
 ROOT = Path(__file__).resolve().parents[1]
-# a comparison, in symbols or words
+# a comparison, in symbols or words, or a band: "2-4.5x", "0.33x-1.25x"
 _TEST = re.compile(r"(>=|<=|>|<|=|≥|≤|±|\+-|\bwithin\b|\bexact|\bequal|\bidentical|\bsame\b|\ball\b|\bevery\b|"
                    r"\bmatch|\bunchanged\b|\bnone\b|\bno\b|\bbelow\b|\babove\b|\bat least\b|\bat most\b|\bbeats?\b|"
-                   r"\bthan\b|\d[\d.,]*\s*[a-zA-Z%]*\s*(?:-|–|to)\s*\d)", re.I)  # ... or a band: "2-4.5x", "0.33x-1.25x"
+                   r"\bthan\b|\d[\d.,]*\s*[a-zA-Z%]*\s*(?:-|–|to)\s*\d)", re.I)
 
 
 def _verdicts() -> list[tuple[str, object]]:
@@ -27,8 +27,9 @@ def _verdicts() -> list[tuple[str, object]]:
 
 
 def test_the_pattern_tells_a_test_from_a_bare_estimate():
-    for ok in (">= 2x", "within 10%", "< ridge 9.5 FLOP/B", "all identical (FP32)", "FMA < matmul", "tree > chain (greedy)",
-               "in 4.5-18x", "0.33x-1.25x of the napkin", "lower ITL in chunks than in one step"):
+    for ok in (">= 2x", "within 10%", "< ridge 9.5 FLOP/B", "all identical (FP32)", "FMA < matmul",
+               "tree > chain (greedy)", "in 4.5-18x", "0.33x-1.25x of the napkin",
+               "lower ITL in chunks than in one step"):
         assert _TEST.search(ok), ok
     for bare in ("~20x (roofline)", "TTFT x18, ITL x1.13", "B ~26 (napkin ~19)"):
         assert not _TEST.search(bare), bare

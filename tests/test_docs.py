@@ -18,8 +18,9 @@ from llmlab.tools import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "labs").glob("*.md"))]
-LAB_MODULES = ("tokens", "train_vs_infer", "five_steps", "prefill_decode", "gpu_parallelism", "roofline", "kvcache_growth",
-               "samplers", "ttft_breakdown", "speculative", "serving", "quantization", "tensor_parallel")
+LAB_MODULES = ("tokens", "train_vs_infer", "five_steps", "prefill_decode", "gpu_parallelism", "roofline",
+               "kvcache_growth", "samplers", "ttft_breakdown", "speculative", "serving", "quantization",
+               "tensor_parallel")
 _ID = re.compile(r"`((?:" + "|".join(LAB_MODULES) + r")\.[a-z][a-z0-9_]*)`")
 _PATH = re.compile(r"results/[A-Za-z0-9_.*<>/-]*[A-Za-z0-9_*>/]")
 _FILE_SUFFIXES = ("py", "md", "json", "csv", "txt", "html")
@@ -30,7 +31,8 @@ def _known_ids() -> set[str]:
     such as ttft --endpoint's, has no committed reference run)."""
     ran = {c.id for run in readme.newest_runs(ROOT / readme.REFERENCE) for c in run.claims if getattr(c, "id", "")}
     code = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "llmlab" / "labs").rglob("*.py"))
-    return ran | {m.group(1) for m in re.finditer(r"[\"']((?:" + "|".join(LAB_MODULES) + r")\.[a-z][a-z0-9_]*)[\"']", code)}
+    quoted = re.compile(r"[\"']((?:" + "|".join(LAB_MODULES) + r")\.[a-z][a-z0-9_]*)[\"']")
+    return ran | {m.group(1) for m in quoted.finditer(code)}
 
 
 def _cited(pattern: re.Pattern) -> list[tuple[str, str]]:

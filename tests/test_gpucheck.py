@@ -41,8 +41,10 @@ def test_install_check_explains_a_wheel_newer_than_the_driver(monkeypatch):
 
 
 def test_the_hint_points_only_at_indexes_that_carry_the_floor():
-    # torch 2.9's wheels: cu126, cu128, cu130; cu118-cu124 stop at 2.7 and cu129 at 2.8, so they cannot satisfy the floor
-    assert gpucheck.wheel_tag("12.9") == "cu128" and gpucheck.wheel_tag("13.2") == "cu130" and gpucheck.wheel_tag("12.6") == "cu126"
+    # torch 2.9's wheels: cu126, cu128, cu130; cu118-cu124 stop at 2.7 and cu129 at 2.8, so they cannot satisfy
+    # the floor
+    assert gpucheck.wheel_tag("12.9") == "cu128" and gpucheck.wheel_tag("13.2") == "cu130"
+    assert gpucheck.wheel_tag("12.6") == "cu126"
     assert gpucheck.wheel_tag("12.4") is None and gpucheck.wheel_tag("11.8") is None
     assert "update the NVIDIA driver" in gpucheck.pip_fix("12.4") and "12.6" in gpucheck.pip_fix("12.4")
     assert gpucheck.pip_index_args(SMI_128) == "--index-url https://download.pytorch.org/whl/cu128"
@@ -69,7 +71,8 @@ def test_one_torch_floor_in_pyproject_makefile_and_gpucheck():
     assert "torch>=" + gpucheck.TORCH_FLOOR in deps
     assert re.search(r"^TORCH_FLOOR := (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1) == gpucheck.TORCH_FLOOR
     cpu = re.search(r"^TORCH_CPU \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
-    assert gpucheck._ver(cpu) >= gpucheck._ver(gpucheck.TORCH_FLOOR)  # the CPU pin satisfies the floor: pip pulls nothing more
+    # the CPU pin satisfies the floor: pip pulls nothing more
+    assert gpucheck._ver(cpu) >= gpucheck._ver(gpucheck.TORCH_FLOOR)
 
 
 @pytest.mark.skipif(not shutil.which("make"), reason="no make on this machine")
@@ -78,8 +81,10 @@ def test_make_install_on_a_gpu_machine_checks_cuda_and_the_floor(tmp_path):
     recipe = subprocess.run(["make", "-n", "install", "HAVE_GPU=1", f"VENV={venv}"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
     assert "torch.version.cuda is None" in recipe and "pip uninstall -q -y torch" in recipe  # a CPU torch is replaced
-    assert '"torch>=2.9" $(' in recipe and "llmlab.tools.gpucheck --pip-index" in recipe  # the floor, from the driver's index
-    assert recipe.index("-e \".[dev]\"") < recipe.index("llmlab.tools.gpucheck --install-check")  # checked after install
+    # the floor, from the driver's index
+    assert '"torch>=2.9" $(' in recipe and "llmlab.tools.gpucheck --pip-index" in recipe
+    # checked after install
+    assert recipe.index("-e \".[dev]\"") < recipe.index("llmlab.tools.gpucheck --install-check")
     cpu_recipe = subprocess.run(["make", "-n", "install", "HAVE_GPU=", f"VENV={venv}"], cwd=ROOT,
                                 capture_output=True, text=True, check=True).stdout
     assert "--install-check" not in cpu_recipe and "pip install -q torch==2.13.0" in cpu_recipe
@@ -108,7 +113,7 @@ def test_make_install_keeps_only_a_cuda_torch_at_the_floor(tmp_path, version, cu
     assert p.returncode == (1 if replaced else 0)
 
 
-# ---------------------------------------------------------------- make gpu-check stops first where torch cannot use CUDA
+# ---------------------------------------------------------- make gpu-check stops first where torch cannot use CUDA
 
 
 def test_preflight_on_a_cpu_torch_is_one_line_that_says_what_to_install(monkeypatch):
@@ -207,10 +212,12 @@ def test_gpu_check_records_labs_past_the_budget_as_not_run(tmp_path, monkeypatch
     script = tmp_path / "stand_in_lab.py"
     script.write_text(STAND_IN)
     monkeypatch.setattr(gpucheck, "lab_argv", lambda lab, device, out: [sys.executable, str(script), lab, str(out)])
-    got = gpucheck.gpu_check(["works", "late"], "cpu", tmp_path, budget_s=5, skip=("serve", "probe"), echo=lambda *_: None)
+    got = gpucheck.gpu_check(["works", "late"], "cpu", tmp_path, budget_s=5, skip=("serve", "probe"),
+                             echo=lambda *_: None)
     assert [r["exit"] for r in got["labs"]] == ["not run", "not run"] and "budget" in got["labs"][0]["error"]
     text = gpucheck.summary_text(got["labs"], "cpu", "now")
-    assert "late              not run: the labs' 5 s" in text and "labs: 0 ran, 0 failed, 2 not run (time budget)" in text
+    assert "late              not run: the labs' 5 s" in text
+    assert "labs: 0 ran, 0 failed, 2 not run (time budget)" in text
     assert got["serve"] is None and got["kernels"] is None
     monkeypatch.setattr(gpucheck, "serve_check", lambda device, log_dir: SERVE_ROW)
     monkeypatch.setattr(gpucheck, "probe_subprocess", lambda device: PROBE_ROWS)
@@ -261,13 +268,17 @@ def test_int8_probe_checks_the_kernel_against_its_reference(monkeypatch):
     from llmlab.core import kernelprobe
 
     assert kernelprobe.probe_int8(torch.device("cpu"))["status"] == "ran"
-    monkeypatch.setattr(torch, "_weight_int8pack_mm", lambda x, w, s: 2 * (x @ (w.float() * s[:, None]).t()))  # a wrong kernel
+    def wrong(x, w, s):  # a wrong kernel: twice the product
+        return 2 * (x @ (w.float() * s[:, None]).t())
+
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", wrong)
     assert kernelprobe.probe_int8(torch.device("cpu"))["status"] == "mismatch"
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_a_real_lab_on_the_cpu(tmp_path):
-    rc = gpucheck.main(["--device", "cpu", "--labs", "gpu-parallelism", "--out", str(tmp_path), "--skip", "serve,probe"])
+    rc = gpucheck.main(["--device", "cpu", "--labs", "gpu-parallelism", "--out", str(tmp_path),
+                        "--skip", "serve,probe"])
     row = json.loads((tmp_path / "gpu-check" / "summary.json").read_text())["labs"][0]
     assert rc == 0 and row["exit"] == 0, row
     saved = json.loads(Path(row["result_file"]).read_text())

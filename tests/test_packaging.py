@@ -1,4 +1,5 @@
-"""Packaging and shipped files (issue 12 items 23, 25): what an install and a reader of the card see."""
+"""Packaging and shipped files: what an install and a reader of the model card see (an SPDX license,
+the runtime dependencies the code imports, no path of the training machine)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_pyproject_license_is_an_spdx_string():
 
 def test_pyproject_runtime_deps_cover_runtime_imports_of_scipy():
     deps = {re.split(r"[<>=!~ ;\[]", d)[0].lower() for d in _pyproject()["project"]["dependencies"]}
-    importers = [p.relative_to(ROOT) for p in (ROOT / "llmlab").rglob("*.py") if re.search(r"^\s*(from|import) scipy", p.read_text(), re.M)]
+    importers = [p.relative_to(ROOT) for p in (ROOT / "llmlab").rglob("*.py")
+                 if re.search(r"^\s*(from|import) scipy", p.read_text(), re.M)]
     assert importers, "nothing imports scipy any more: drop it from the dependencies"
     assert "scipy" in deps, f"{importers} import scipy at run time but it is not a runtime dependency"
 
@@ -41,6 +43,8 @@ def test_model_card_names_no_path_of_the_training_machine(name):
 def test_card_writer_strips_absolute_paths_from_the_command():
     from llmlab.tiny.card import public_command
 
-    assert public_command("train_pair(...) in /tmp/real, then copied here") == "train_pair(...) in <dir>, then copied here"
-    assert public_command("llmlab tiny train --out ~/w/weights --threads 1") == "llmlab tiny train --out <dir> --threads 1"
+    assert (public_command("train_pair(...) in /tmp/real, then copied here")
+            == "train_pair(...) in <dir>, then copied here")
+    assert (public_command("llmlab tiny train --out ~/w/weights --threads 1")
+            == "llmlab tiny train --out <dir> --threads 1")
     assert public_command("HF_HUB_OFFLINE=1 llmlab tiny eval --json") == "HF_HUB_OFFLINE=1 llmlab tiny eval --json"

@@ -28,8 +28,9 @@ MODULE = "llmlab.labs.report_fixture"
 REPO = Path(__file__).resolve().parents[1]
 
 GPU_CARD = {"device": "cuda:0", "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sm_count": 132,
-            "memory_bytes": 85_000_000_000, "l2_bytes": 52_428_800, "power_limit_w": None, "driver": "555.42", "cuda_runtime": "12.4",
-            "cpu": {"model": "Intel Xeon", "physical": 32, "logical": 64, "isa": {"avx2": True}}, "versions": {"torch": "2.13.0"}}
+            "memory_bytes": 85_000_000_000, "l2_bytes": 52_428_800, "power_limit_w": None, "driver": "555.42",
+            "cuda_runtime": "12.4", "versions": {"torch": "2.13.0"},
+            "cpu": {"model": "Intel Xeon", "physical": 32, "logical": 64, "isa": {"avx2": True}}}
 CPU_CARD = {"device": "cpu", "name": "AMD EPYC", "cpu": {"model": "AMD EPYC", "physical": 2, "logical": 2,
             "isa": {"avx2": True, "avx512f": True, "amx_bf16": False}, "caches_bytes": {"L2": 2**20, "L3": 32 * 2**20},
             "memory_bytes": 25 * 2**30}, "versions": {"python": "3.11.7", "torch": "2.13.0+cpu"}}
@@ -43,7 +44,8 @@ def _judge(result: LabResult) -> list[Claim]:
     return [
         Claim(id="report-fixture.fast", text="decode reaches 100 tokens/s", expected=">= 100 tokens/s",
                measured=f"{best:.0f} tokens/s", holds=best >= 100, note="" if best >= 100 else "too slow here"),
-        Claim(id="report-fixture.gpu_only", text="a GPU-only check", expected="-", measured="-", holds=None, note="not measured: no GPU"),
+        Claim(id="report-fixture.gpu_only", text="a GPU-only check", expected="-", measured="-", holds=None,
+              note="not measured: no GPU"),
     ]
 
 
@@ -118,7 +120,8 @@ def make_results(root: Path, broken: bool = False) -> Path:
     folder = root / LAB
     folder.mkdir(parents=True)
     (folder / "20261201T100000Z-cuda0.json").write_text(make_run(GPU_CARD, "20261201T100000Z", 10.0).to_json())
-    (folder / "20261202T100000Z-cpu.json").write_text(make_run(CPU_CARD, "20261202T100000Z", 0.02, judge_version=1).to_json())
+    cpu_run = make_run(CPU_CARD, "20261202T100000Z", 0.02, judge_version=1)
+    (folder / "20261202T100000Z-cpu.json").write_text(cpu_run.to_json())
     if broken:
         (folder / "truncated.json").write_text('{"lab": "report-fixt')
         (root / "no-such-lab").mkdir()
@@ -156,10 +159,12 @@ def test_report_puts_both_machines_side_by_side_with_views_verdicts_and_plots(re
     assert "compute capability" in page and "50 MiB" in page and "power limit" not in page  # None: not shown
     assert "avx512f" in page and "amx_bf16" not in page
     # each view's title, question and human headers, cells formatted by the Col
-    for text in ("1. Batch sweep", "How do time and throughput grow with the batch?", "ms / token", "x batch 1", "% of peak", "queue ms"):
+    for text in ("1. Batch sweep", "How do time and throughput grow with the batch?", "ms / token", "x batch 1",
+                 "% of peak", "queue ms"):
         assert text in section
     assert "compi…" in section  # width 6 cuts the text column
-    assert "16%" in section and fmt(16 / 3, "x") in section  # peak_share 0.16 as "%", 16 / 3 as "x" (as the terminal writes it)
+    # peak_share 0.16 as "%", 16 / 3 as "x" (as the terminal writes it)
+    assert "16%" in section and fmt(16 / 3, "x") in section
     # verdicts: the GPU run holds, the CPU run does not; the headline of each
     assert section.count('pill ok">holds') == 1 and section.count('pill bad">does not hold') == 1
     assert section.count('pill na">not measured') == 2
@@ -309,5 +314,7 @@ def test_readme_claims_block_matches_the_saved_results():
                     "(`python -m llmlab.tools.readme --write` fills them)")
     skipped: list = []
     table = readme.claims_table(REPO / readme.REFERENCE, skipped)
-    assert skipped == [], "results/reference/ holds files no lab can read (they would be missing from the README's table)"
-    assert readme.block(text) == table, "README's claims table differs from results/reference/: run `python -m llmlab.tools.readme --write`"
+    assert skipped == [], ("results/reference/ holds files no lab can read "
+                           "(they would be missing from the README's table)")
+    assert readme.block(text) == table, ("README's claims table differs from results/reference/: "
+                                         "run `python -m llmlab.tools.readme --write`")

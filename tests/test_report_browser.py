@@ -68,7 +68,8 @@ class Browser:
         deadline = time.monotonic() + TIMEOUT
         while not (port_file.exists() and port_file.read_text().strip()):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"chromium exited {self.proc.returncode}: {self.proc.stderr.read().decode(errors='replace')[-800:]}")
+                tail = self.proc.stderr.read().decode(errors="replace")[-800:]
+                raise RuntimeError(f"chromium exited {self.proc.returncode}: {tail}")
             if time.monotonic() > deadline:
                 raise TimeoutError("chromium did not open its DevTools port")
             time.sleep(0.1)
@@ -134,7 +135,8 @@ class Browser:
         for m in self.events:
             p = m.get("params", {})
             if m.get("method") == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                out.append("console." + p["type"] + ": " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+                args = " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))
+                out.append("console." + p["type"] + ": " + args)
             elif m.get("method") == "Runtime.exceptionThrown":
                 out.append("exception: " + str(p.get("exceptionDetails", {}).get("text", "")))
             elif m.get("method") == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":

@@ -2,8 +2,8 @@
 
 `run_lab` is the one path from a command line to a saved result: build the lab's Config (quick or
 full, then the options given), let the lab check it, resolve the device, run under telemetry, judge,
-save, render, and exit with the contract's code. torch and transformers are imported inside the
-functions that need them, so `llmlab --help` stays instant.
+save, render, and exit with the contract's code. torch, transformers and pandas are imported inside
+the functions that need them, so `llmlab --help` stays instant.
 """
 
 from __future__ import annotations
@@ -16,8 +16,14 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from llmlab import __version__
+from llmlab.core.device import device_card, resolve_device
 from llmlab.core.errors import MeasurementError, UsageError
+from llmlab.core.telemetry import Telemetry
+from llmlab.labs import judged
+from llmlab.labs import module as lab_module
 
 app = typer.Typer(
     name="llmlab",
@@ -37,15 +43,22 @@ COMMON = "Common options"
 ENDPOINT = "Against a running server"
 
 # -- options every lab takes (shared aliases, one help panel)
-DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="auto | cpu | cuda | cuda:N. auto takes cuda:0 when there is one.", rich_help_panel=COMMON)]
-GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="GPU index: --gpu N is --device cuda:N.", rich_help_panel=COMMON, show_default=False)]
-QuickOpt = Annotated[bool, typer.Option("--quick", help="Small sweeps: seconds on a 2-core CPU (what tests and CI run).", rich_help_panel=COMMON)]
+DeviceOpt = Annotated[str, typer.Option(
+    "--device", "-d", help="auto | cpu | cuda | cuda:N. auto takes cuda:0 when there is one.", rich_help_panel=COMMON)]
+GpuOpt = Annotated[Optional[int], typer.Option(
+    "--gpu", help="GPU index: --gpu N is --device cuda:N.", rich_help_panel=COMMON, show_default=False)]
+QuickOpt = Annotated[bool, typer.Option(
+    "--quick", help="Small sweeps: seconds on a 2-core CPU (what tests and CI run).", rich_help_panel=COMMON)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only the JSON result on stdout.", rich_help_panel=COMMON)]
-OutOpt = Annotated[str, typer.Option("--out", help="Folder for results (<out>/<lab>/<stamp>-<device>.json + CSVs).", rich_help_panel=COMMON)]
-TablesOpt = Annotated[str, typer.Option("--tables", help="report: the compact report | all: also every table in full.", rich_help_panel=COMMON)]
+OutOpt = Annotated[str, typer.Option(
+    "--out", help="Folder for results (<out>/<lab>/<stamp>-<device>.json + CSVs).", rich_help_panel=COMMON)]
+TablesOpt = Annotated[str, typer.Option(
+    "--tables", help="report: the compact report | all: also every table in full.", rich_help_panel=COMMON)]
 NoSaveOpt = Annotated[bool, typer.Option("--no-save", help="Do not write results.", rich_help_panel=COMMON)]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for torch, random and numpy.", rich_help_panel=COMMON)]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="tiny | tiny-draft | a Hugging Face id or local path | arch:NAME (random weights: timing only).")]
+ModelOpt = Annotated[str, typer.Option(
+    "--model", "-m",
+    help="tiny | tiny-draft | a Hugging Face id or local path | arch:NAME (random weights: timing only).")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,13 +81,7 @@ def _check_tables(tables: str) -> str:
 
 def run_lab(lab: str, common: Common, **overrides) -> None:
     """Build the Config, run the lab under telemetry, render, save; exit with the contract's code."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from llmlab.core.device import device_card, resolve_device
-    from llmlab.core.results import check_writable, command_line, utc_stamp
-    from llmlab.core.telemetry import Telemetry
-    from llmlab.labs import judged
-    from llmlab.labs import module as lab_module
+    from llmlab.core.results import check_writable, command_line, utc_stamp  # lazy: pandas costs start-up time
 
     module = lab_module(lab)
     _check_tables(common.tables)
@@ -90,13 +97,15 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         cfg = dataclasses.replace(base, **given)
     except ValueError as exc:  # Config.__post_init__ validates
         raise UsageError(str(exc)) from None
-    if hasattr(module, "check"):  # what a lab checks before it starts (an endpoint that must answer): one line, exit 2
+    if hasattr(module, "check"):  # what a lab checks before it starts (an endpoint that must answer): exit 2
         cfg = module.check(cfg) or cfg  # a check may return the Config with what it found (an endpoint's card)
     _seed(common.seed)
     if common.device in ("auto", "") and common.gpu is None:
-        err.print(f"[dim]device: {device.spec} ({device.name}){'' if device.is_cuda else ' — no CUDA GPU found, using the CPU'}[/]")
+        fallback = "" if device.is_cuda else " — no CUDA GPU found, using the CPU"
+        err.print(f"[dim]device: {device.spec} ({device.name}){fallback}[/]")
     started = datetime.now(timezone.utc)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=err, transient=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=err, transient=True)
     with device.activate(), Telemetry(device) as tel, progress:  # --gpu N: the whole command runs on cuda:N
         result = module.run(cfg, device, progress)
     result.env = {
@@ -116,18 +125,20 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
             err.print(f"[yellow]judge failed: saved the unjudged result as {result.save(common.out, device.slug())}[/]")
         raise
     result.judge_version = getattr(module, "JUDGE_VERSION", 0)
-    path = None if common.no_save else result.save(common.out, device.slug())  # saved first: nothing lost if rendering fails
+    # saved before rendering: nothing is lost if rendering fails
+    path = None if common.no_save else result.save(common.out, device.slug())
     if common.json:
         sys.stdout.write(result.to_json() + "\n")
     else:
-        from llmlab.core.render import render
+        from llmlab.core.render import render  # lazy: pandas, as above
 
         render(result, out, views=views, headline=headline, tables=common.tables, saved=path)
     if path is not None:
         err.print(f"[dim]saved {path}[/]")
     if result.interrupted:
         raise typer.Exit(130)
-    failed = module.exit_code(result) if hasattr(module, "exit_code") else None  # a lab may say the run failed (after saving)
+    # a lab may say the run failed (after saving): (exit code, message)
+    failed = module.exit_code(result) if hasattr(module, "exit_code") else None
     if failed:
         err.print(f"[red]{failed[1]}[/]")
         raise typer.Exit(failed[0])
@@ -136,7 +147,7 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
 def _seed(seed: int) -> None:
     import random
 
-    import numpy as np
+    import numpy as np  # lazy: numpy and torch cost start-up time; only a lab's run needs them
     import torch
 
     random.seed(seed)
@@ -154,8 +165,6 @@ def _root(
     under results/. Start with `llmlab env`, then any lab with --quick.
     """
     if version:
-        from llmlab import __version__
-
         out.print(f"llmlab {__version__}")
         raise typer.Exit(0)
 

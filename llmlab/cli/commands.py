@@ -1,32 +1,41 @@
-"""The CLI's tool commands: env, models, generate, show, serve, and the tiny group (train, eval)."""
+"""The CLI's tool commands: env, models, generate, show, serve, and the tiny group (train, eval).
+
+A command's summary stays on one line: in rich markup mode a line break in it prints in the list of
+commands, so a summary longer than a source line is given as help= (joined strings), not a docstring.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from llmlab.cli.app import TOOLS, DeviceOpt, GpuOpt, JsonOpt, ModelOpt, SeedOpt, TablesOpt, _check_tables, app, err, out
+from llmlab.cli.card import card_lines
+from llmlab.core.device import device_card, resolve_device
 from llmlab.core.errors import UsageError
+from llmlab.core.models import model_rows
+from llmlab.core.specs import bandwidth_spec_GBps, peak_for
+from llmlab.core.telemetry import sample
+from llmlab.labs import judged, module
+from llmlab.tiny.evaluate import goal_rows
 
 
-@app.command(rich_help_panel=TOOLS)
+@app.command(rich_help_panel=TOOLS, help="The device card (GPU or CPU), the spec sheet's peaks, a telemetry sample, "
+                                         "and versions (--json: the same as JSON).")
 def env(
     device: DeviceOpt = "auto",
     gpu: GpuOpt = None,
     json_: JsonOpt = False,
     seconds: Annotated[float, typer.Option(help="How long to sample telemetry.", min=0.1, max=60)] = 1.0,
 ) -> None:
-    """The device card (GPU or CPU), the spec sheet's peaks, a telemetry sample, and versions (--json: the same as JSON)."""
-    from llmlab.core.device import device_card, resolve_device
-    from llmlab.core.specs import bandwidth_spec_GBps, peak_for
-    from llmlab.core.telemetry import sample
-
     dev = resolve_device(device, gpu)
     card = device_card(dev)
     peaks = {d: peak_for(dev, d) for d in (("fp32", "tf32", "bf16", "fp16") if dev.is_cuda else ("fp32", "bf16"))}
@@ -39,8 +48,6 @@ def env(
     if json_:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return
-    from llmlab.cli.card import card_lines
-
     for line in card_lines(data, out.width):
         out.print(line, highlight=False, markup=False)
 
@@ -50,18 +57,16 @@ def models_(
     device: DeviceOpt = "auto",
     gpu: GpuOpt = None,
     json_: JsonOpt = False,
-    dtype: Annotated[str, typer.Option(help="Weights dtype for the size and fit columns: bfloat16 | float16 | float32.")] = "bfloat16",
+    dtype: Annotated[str, typer.Option(
+        help="Weights dtype for the size and fit columns: bfloat16 | float16 | float32.")] = "bfloat16",
 ) -> None:
     """The built-in pair and the arch: registry: parameters, KV bytes per token (BF16), whether each fits."""
-    from llmlab.core.device import resolve_device
-    from llmlab.core.models import model_rows
-
     dev = resolve_device(device, gpu)
     rows = model_rows(dev, dtype)
     if json_:
         sys.stdout.write(json.dumps({"device": dev.spec, "dtype": dtype, "models": rows}, indent=2) + "\n")
         return
-    import pandas as pd
+    import pandas as pd  # lazy: pandas costs start-up time (and core.render, core.results import it)
 
     from llmlab.core.render import table_lines
     from llmlab.core.results import Col
@@ -86,17 +91,18 @@ def generate_(
     device: DeviceOpt = "auto",
     gpu: GpuOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens to generate.")] = 64,
-    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature, as chat tools default to; 0 = greedy (top-p then unused).")] = 0.8,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Sample from the smallest set of tokens holding this much probability (1 = all).")] = 0.95,
+    temperature: Annotated[float, typer.Option(
+        min=0.0, help="Sampling temperature, as chat tools default to; 0 = greedy (top-p then unused).")] = 0.8,
+    top_p: Annotated[float, typer.Option(
+        "--top-p", min=0.0, max=1.0,
+        help="Sample from the smallest set of tokens holding this much probability (1 = all).")] = 0.95,
     seed: SeedOpt = 0,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow a model's own Python code (only if you trust it).")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", help="Allow a model's own Python code (only if you trust it).")] = False,
 ) -> None:
     """Stream a continuation token by token, to see the model you are measuring."""
-    import time
-
-    from llmlab.core.device import resolve_device
     from llmlab.core.models import load
-    from llmlab.inference.decode import SamplingParams, stream_text
+    from llmlab.inference.decode import SamplingParams, stream_text  # lazy: torch costs start-up time
 
     lm = load(model, resolve_device(device, gpu), trust_remote_code=trust_remote_code)
     if lm.tokenizer is None:
@@ -104,7 +110,8 @@ def generate_(
     if not prompt:
         raise UsageError("the prompt is empty")
     params = SamplingParams(temperature=temperature, top_p=top_p) if temperature > 0 else SamplingParams()
-    mode = f"sampled: temperature {temperature}, top-p {top_p}, seed {seed}" if temperature > 0 else "greedy (temperature 0)"
+    mode = (f"sampled: temperature {temperature}, top-p {top_p}, seed {seed}" if temperature > 0
+            else "greedy (temperature 0)")
     sys.stdout.write(prompt)
     sys.stdout.flush()
     n, t0 = 0, time.perf_counter()
@@ -114,19 +121,20 @@ def generate_(
         n += 1
     sys.stdout.write("\n")
     dt = time.perf_counter() - t0
-    err.print(f"[dim]{lm.ref}, {mode}: {n} tokens in {dt:.2f} s ({1000 * dt / max(n, 1):.1f} ms/token, prefill included)[/]")
+    err.print(f"[dim]{lm.ref}, {mode}: {n} tokens in {dt:.2f} s "
+              f"({1000 * dt / max(n, 1):.1f} ms/token, prefill included)[/]")
 
 
-@app.command("show", rich_help_panel=TOOLS)
+@app.command("show", rich_help_panel=TOOLS, help="Re-render a saved run and re-judge it with the lab's current "
+                                                 "judge (says when the verdicts or the judge changed).")
 def show(
-    path: Annotated[Path, typer.Argument(help="A saved result: results/<lab>/<stamp>-<device>.json.", show_default=False)],
+    path: Annotated[Path, typer.Argument(
+        help="A saved result: results/<lab>/<stamp>-<device>.json.", show_default=False)],
     tables: TablesOpt = "report",
     json_: JsonOpt = False,
 ) -> None:
-    """Re-render a saved run and re-judge it with the lab's current judge (says when the verdicts or the judge changed)."""
-    from llmlab.core.render import render
+    from llmlab.core.render import render  # lazy: pandas costs start-up time
     from llmlab.core.results import LabResult
-    from llmlab.labs import judged, module
 
     _check_tables(tables)
     try:
@@ -144,7 +152,8 @@ def show(
     now = getattr(mod, "JUDGE_VERSION", 0)
     if result.judge_version != now:
         err.print(f"[yellow]judged again with judge v{now}; this file was judged with v{result.judge_version}[/]")
-    changed = [f"{c.id}: {saved[c.id]} -> {c.verdict}" for c in result.claims if c.id in saved and saved[c.id] != c.verdict]
+    changed = [f"{c.id}: {saved[c.id]} -> {c.verdict}" for c in result.claims
+               if c.id in saved and saved[c.id] != c.verdict]
     for line in changed:
         err.print(f"[yellow]verdict changed since saved: {line}[/]")
     if json_:
@@ -153,26 +162,42 @@ def show(
     render(result, out, views=views, headline=headline, tables=tables, saved=path)
 
 
-@app.command("serve", rich_help_panel=TOOLS)
+@app.command("serve", rich_help_panel=TOOLS, help="An OpenAI-compatible server (/v1/completions, "
+                                                  "/v1/chat/completions, /metrics) over llmlab's paged, continuously "
+                                                  "batching engine.")
 def serve_(
     model: ModelOpt = "tiny",
-    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only). The Host header must name it.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (127.0.0.1: this machine only). The Host header must name it.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port.")] = 8000,
     device: DeviceOpt = "auto",
     gpu: GpuOpt = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="auto | float32 | bfloat16 | float16. auto: bfloat16 on a GPU, float32 on the CPU.")] = "auto",
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most sequences in one step's batch.")] = 64,
-    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", min=1, help="KV cache pool, in blocks of 16 tokens. Default: 1024 on the CPU; on CUDA what free memory leaves after the weights.", show_default=False)] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", min=0.05, max=1.0, help="CUDA: fraction of the GPU's memory the server may fill (weights, activations, KV pool), as in vLLM.")] = 0.9,
-    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens", min=1, help="Token budget of one step (longer prompts are chunked).")] = 512,
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="auto | float32 | bfloat16 | float16. auto: bfloat16 on a GPU, float32 on the CPU.")] = "auto",
+    max_num_seqs: Annotated[int, typer.Option(
+        "--max-num-seqs", min=1, help="Most sequences in one step's batch.")] = 64,
+    kv_blocks: Annotated[Optional[int], typer.Option(
+        "--kv-blocks", min=1,
+        help="KV cache pool, in blocks of 16 tokens. Default: 1024 on the CPU; on CUDA what free memory leaves "
+             "after the weights.",
+        show_default=False)] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        "--gpu-memory-utilization", min=0.05, max=1.0,
+        help="CUDA: fraction of the GPU's memory the server may fill (weights, activations, KV pool), "
+             "as in vLLM.")] = 0.9,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        "--max-num-batched-tokens", min=1, help="Token budget of one step (longer prompts are chunked).")] = 512,
     no_prefix_cache: Annotated[bool, typer.Option("--no-prefix-cache", help="Switch the prefix cache off.")] = False,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMLAB_API_KEY", help="Require `Authorization: Bearer KEY` on every route but /health (prefer the environment variable: a command line is visible to other users).", show_default=False)] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="LLMLAB_API_KEY",
+        help="Require `Authorization: Bearer KEY` on every route but /health (prefer the environment variable: "
+             "a command line is visible to other users).",
+        show_default=False)] = None,
 ) -> None:
-    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics) over llmlab's paged, continuously batching engine."""
-    from llmlab.serving.server import serve
+    from llmlab.serving.server import serve  # lazy: torch and the web stack cost start-up time
 
-    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens, log=err.print, gpu=gpu,
-          dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, api_key=api_key)
+    serve(model, host, port, device, max_num_seqs, kv_blocks, not no_prefix_cache, max_num_batched_tokens,
+          log=err.print, gpu=gpu, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, api_key=api_key)
 
 
 tiny_app = typer.Typer(help="The built-in model pair (tiny, tiny-draft): train it, measure it.", no_args_is_help=True)
@@ -180,15 +205,14 @@ app.add_typer(tiny_app, name="tiny", rich_help_panel=TOOLS)
 
 
 def _tiny_summary(metrics: dict) -> None:
-    from llmlab.tiny.evaluate import goal_rows
-
     a = metrics["agreement"]["agreement"]
     out.print(f"held-out loss: tiny {metrics['loss_target']:.3f}, tiny-draft {metrics['loss_draft']:.3f}, "
               f"unigram {metrics['loss_unigram']:.3f} nats/token (perplexity {metrics['ppl_target']:.1f} / "
               f"{metrics['ppl_draft']:.1f} / {metrics['ppl_unigram']:.1f})")
     out.print(f"greedy agreement: {a:.3f} over {metrics['agreement']['positions']} positions")
     for r in goal_rows(metrics):
-        out.print(f"goal {r['metric']}: {r['value']:.3f} ({r['goal']}) {'held' if r['held'] else 'MISSED'}", highlight=False)
+        held = "held" if r["held"] else "MISSED"
+        out.print(f"goal {r['metric']}: {r['value']:.3f} ({r['goal']}) {held}", highlight=False)
     if "c_ratio" in metrics:
         out.print(f"decode: tiny {metrics['decode_target']['median_ms']:.2f} ms/token, tiny-draft "
                   f"{metrics['decode_draft']['median_ms']:.2f} ms/token, c = {metrics['c_ratio']:.3f}, "
@@ -197,19 +221,26 @@ def _tiny_summary(metrics: dict) -> None:
 
 @tiny_app.command("train")
 def tiny_train(
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder for tiny/, tiny-draft/, MODEL_CARD.md, metrics.json.")] = Path("tiny-pair"),
-    minutes: Annotated[Optional[float], typer.Option(min=0.1, help="Wall-clock budget for both models (the target gets 80 %): steps are sized from a timed trial step and re-sized from the real pace every 50 steps until the LR decay starts. Default: the shipped run's fixed steps.", show_default=False)] = None,
-    target_steps: Annotated[Optional[int], typer.Option(min=1, help="Steps for tiny (default: the shipped run's).", show_default=False)] = None,
-    draft_steps: Annotated[Optional[int], typer.Option(min=1, help="Distillation steps for tiny-draft (default: the shipped run's).", show_default=False)] = None,
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Folder for tiny/, tiny-draft/, MODEL_CARD.md, metrics.json.")] = Path("tiny-pair"),
+    minutes: Annotated[Optional[float], typer.Option(
+        min=0.1,
+        help="Wall-clock budget for both models (the target gets 80 %): steps are sized from a timed trial step "
+             "and re-sized from the real pace every 50 steps until the LR decay starts. Default: the shipped "
+             "run's fixed steps.",
+        show_default=False)] = None,
+    target_steps: Annotated[Optional[int], typer.Option(
+        min=1, help="Steps for tiny (default: the shipped run's).", show_default=False)] = None,
+    draft_steps: Annotated[Optional[int], typer.Option(
+        min=1, help="Distillation steps for tiny-draft (default: the shipped run's).", show_default=False)] = None,
     seed: SeedOpt = 0,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads (default: torch's).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="torch threads (default: torch's).", show_default=False)] = None,
     micro: Annotated[bool, typer.Option("--micro", help="A toy run of seconds (what the tests train).")] = False,
 ) -> None:
     """Reproduce the built-in pair from scratch: corpus, tokenizer, tiny, then tiny-draft distilled from it."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from llmlab.core.results import command_line
-    from llmlab.tiny.card import build_pair
+    from llmlab.core.results import command_line  # lazy: pandas costs start-up time
+    from llmlab.tiny.card import build_pair  # lazy: the trainer loads torch when it runs
     from llmlab.tiny.train import TrainConfig
 
     base = TrainConfig.micro() if micro else TrainConfig()
@@ -225,7 +256,8 @@ def tiny_train(
             tasks[phase] = progress.add_task(label, total=total, loss="-")
         progress.update(tasks[phase], completed=step, total=total, loss=f"{loss:.3f}")
         if not err.is_terminal and (step % 25 == 0 or step == total):  # a log file (nohup): one line per 25 steps
-            err.print(f"{datetime.now(timezone.utc):%H:%M:%S} {phase} step {step}/{total} loss {loss:.3f}", highlight=False)
+            now = datetime.now(timezone.utc)
+            err.print(f"{now:%H:%M:%S} {phase} step {step}/{total} loss {loss:.3f}", highlight=False)
 
     err.print("[dim]building the corpus and the tokenizer...[/]")
     with progress:
@@ -234,16 +266,22 @@ def tiny_train(
     err.print(f"[dim]saved {out_dir}/tiny, {out_dir}/tiny-draft, {out_dir}/MODEL_CARD.md[/]")
 
 
-@tiny_app.command("eval")
+@tiny_app.command("eval", help="Re-measure a pair against its goals: copying (held-out and random passages read "
+                               "twice), held-out loss, draft gap, greedy agreement, decode cost ratio c, greedy loops, "
+                               "size, load time.")
 def tiny_eval(
-    weights: Annotated[Optional[Path], typer.Option(help="A folder with tiny/ and tiny-draft/ (default: the shipped pair).", show_default=False)] = None,
+    weights: Annotated[Optional[Path], typer.Option(
+        help="A folder with tiny/ and tiny-draft/ (default: the shipped pair).", show_default=False)] = None,
     json_: JsonOpt = False,
     no_timing: Annotated[bool, typer.Option("--no-timing", help="Skip the decode ms/token measurement.")] = False,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="torch threads (default: torch's).", show_default=False)] = None,
-    write_card: Annotated[bool, typer.Option("--write-card", help="Rewrite the folder's metrics.json and MODEL_CARD.md with these numbers (keeps its training report).")] = False,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="torch threads (default: torch's).", show_default=False)] = None,
+    write_card: Annotated[bool, typer.Option(
+        "--write-card",
+        help="Rewrite the folder's metrics.json and MODEL_CARD.md with these numbers (keeps its training "
+             "report).")] = False,
 ) -> None:
-    """Re-measure a pair against its goals: copying (held-out and random passages read twice), held-out loss, draft gap, greedy agreement, decode cost ratio c, greedy loops, size, load time."""
-    import torch
+    import torch  # lazy: torch costs start-up time
 
     from llmlab.core.results import command_line
     from llmlab.tiny.card import WEIGHTS, measure, remeasure

@@ -23,6 +23,10 @@ recorded as not run.
 one line with the cause (a CPU build, a wheel built for a newer CUDA than the driver supports, or a
 torch older than the floor) and the exact pip command that installs a matching wheel.
 
+The module's top level imports the standard library only: `make install` runs `--pip-index` before
+torch and the other dependencies are installed. torch, httpx and the CLI load inside the functions
+that need them.
+
 References:
 - PyTorch "Get started" (pytorch.org/get-started/locally) and the release compatibility matrix
   (github.com/pytorch/pytorch RELEASE.md): one wheel index per CUDA version,
@@ -34,10 +38,13 @@ References:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import pkgutil
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -105,7 +112,7 @@ def install_hint(smi: str | None, python: str = sys.executable) -> str | None:
     """None when torch can use the GPU (or nvidia-smi sees none), else one line: the cause and the fix."""
     if smi is None:
         return None
-    import torch
+    import torch  # lazy: the top level is stdlib only (see the module docstring)
 
     drv, cuda = driver_versions(smi)
     if _ver(torch.__version__) < _ver(TORCH_FLOOR):
@@ -113,7 +120,8 @@ def install_hint(smi: str | None, python: str = sys.executable) -> str | None:
     if torch.cuda.is_available():
         return None
     if cuda is None:
-        return f"torch {torch.__version__} cannot use the GPU that nvidia-smi sees, and nvidia-smi does not say its CUDA version"
+        return (f"torch {torch.__version__} cannot use the GPU that nvidia-smi sees, "
+                "and nvidia-smi does not say its CUDA version")
     built = torch.version.cuda
     if built is None:
         why = f"torch {torch.__version__} is a CPU build"
@@ -137,7 +145,7 @@ def preflight(device: str, smi_text=nvidia_smi_text) -> str | None:
     if not device.startswith("cuda"):
         return None
     try:
-        import torch
+        import torch  # lazy: the top level is stdlib only (see the module docstring)
     except ImportError:
         return "gpu-check: torch is not installed; run make install"
     smi = smi_text()
@@ -150,7 +158,8 @@ def preflight(device: str, smi_text=nvidia_smi_text) -> str | None:
     if torch.cuda.is_available():
         return None
     build = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-    return (f"gpu-check: no CUDA GPU here (nvidia-smi is missing or sees no GPU; torch {torch.__version__} is {build}): "
+    return (f"gpu-check: no CUDA GPU here (nvidia-smi is missing or sees no GPU; "
+            f"torch {torch.__version__} is {build}): "
             f"install the NVIDIA driver, then make install (torch >= {TORCH_FLOOR} with CUDA); "
             f"without a GPU: make gpu-check GPU_CHECK_DEVICE=cpu")
 
@@ -160,9 +169,7 @@ def preflight(device: str, smi_text=nvidia_smi_text) -> str | None:
 
 def discover_labs() -> list[str]:
     """Lab modules (llmlab/labs/*.py) that the CLI has a command for, as command names."""
-    import pkgutil
-
-    import llmlab.labs
+    import llmlab.labs  # lazy: the CLI needs typer and rich, which --pip-index runs without
     from llmlab import cli
 
     commands = {c.name or c.callback.__name__.replace("_", "-") for c in cli.app.registered_commands}
@@ -183,7 +190,7 @@ def claim_counts(result: dict) -> dict:
         key = {"holds": "held", "does not hold": "not held"}.get(v, "not measured")
         counts[key] += 1
         if key == "not held":
-            not_held.append({"id": c.get("id"), "text": c.get("text"), "measured": c.get("measured"), "expected": c.get("expected")})
+            not_held.append({k: c.get(k) for k in ("id", "text", "measured", "expected")})
     return counts | {"not_held": not_held}
 
 
@@ -198,7 +205,8 @@ def run_one(lab: str, device: str, out: Path, log_dir: Path, timeout_s: float = 
         rc, stderr = p.returncode, p.stderr
     except subprocess.TimeoutExpired as exc:
         rc = "timeout"
-        stderr = (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or "") + f"\n[gpu-check: killed after {timeout_s:.0f} s]\n"
+        got = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        stderr = got + f"\n[gpu-check: killed after {timeout_s:.0f} s]\n"
     row: dict = {"lab": lab, "exit": rc, "seconds": round(time.perf_counter() - t0, 1)}
     if rc != 0:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -221,8 +229,6 @@ def run_one(lab: str, device: str, out: Path, log_dir: Path, timeout_s: float = 
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -230,7 +236,7 @@ def _free_port() -> int:
 
 def _wait_health(base: str, proc: subprocess.Popen, timeout_s: float) -> str | None:
     """None once /health answers 200, else why not (the server exited, or the deadline passed)."""
-    import httpx
+    import httpx  # lazy: the top level is stdlib only (see the module docstring)
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -270,14 +276,12 @@ def _complete(client, base: str, prompt: str, max_tokens: int, stream: bool = Fa
 
 async def _concurrent_round(base: str, n: int, max_tokens: int) -> tuple[int, int, list[str]]:
     """n requests in flight at once: (completed, completion tokens, errors)."""
-    import asyncio
-
-    import httpx
+    import httpx  # lazy: the top level is stdlib only (see the module docstring)
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=n)) as client:
         async def one(i: int):
-            r = await client.post(base + "/v1/completions", json={"prompt": f"Request {i}: the", "max_tokens": max_tokens,
-                                                                  "temperature": 0.0, "ignore_eos": True})
+            payload = {"prompt": f"Request {i}: the", "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+            r = await client.post(base + "/v1/completions", json=payload)
             r.raise_for_status()
             return r.json()["usage"]["completion_tokens"]
 
@@ -288,9 +292,7 @@ async def _concurrent_round(base: str, n: int, max_tokens: int) -> tuple[int, in
 
 def exercise_server(base: str, seconds: float, concurrent: int = CONCURRENT) -> dict:
     """Greedy twice (the same text), one stream, then rounds of `concurrent` requests until `seconds` pass."""
-    import asyncio
-
-    import httpx
+    import httpx  # lazy: the top level is stdlib only (see the module docstring)
 
     with httpx.Client() as client:
         a = _complete(client, base, "The cache", 16)
@@ -348,7 +350,7 @@ def serve_line(row: dict) -> str:
 
 def probe_kernels(device: str) -> list[dict]:
     """One row per kernel the labs rely on: status 'ran' with what it measured, or 'not available' with why."""
-    from llmlab.core import kernelprobe
+    from llmlab.core import kernelprobe  # lazy: torch
 
     return kernelprobe.probe_all(device)
 
@@ -401,10 +403,12 @@ def details_text(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         for c in r.get("not_held", []):
-            lines.append(f"  not held  {r['lab']}: {c['id'] or c['text']} (measured {c['measured']}; expected {c['expected']})")
+            lines.append(f"  not held  {r['lab']}: {c['id'] or c['text']} "
+                         f"(measured {c['measured']}; expected {c['expected']})")
     for r in rows:
         if r["exit"] != 0:
-            lines.append(f"  FAILED    {r['lab']} (exit {r['exit']}): {r.get('error', '')}; full stderr: {r.get('stderr_file')}")
+            lines.append(f"  FAILED    {r['lab']} (exit {r['exit']}): {r.get('error', '')}; "
+                         f"full stderr: {r.get('stderr_file')}")
     return "\n".join(lines)
 
 
@@ -438,15 +442,18 @@ def gpu_check(labs: list[str], device: str, out: Path, timeout_s: float = LAB_TI
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmlab.tools.gpucheck", description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda", help="device for every lab (cpu works too: the same check without a GPU)")
+    ap.add_argument("--device", default="cuda",
+                    help="device for every lab (cpu works too: the same check without a GPU)")
     ap.add_argument("--labs", default=None, help="space- or comma-separated lab names (default: every lab the CLI has)")
     ap.add_argument("--out", default="results", help="results folder; the summary goes to OUT/gpu-check/")
     ap.add_argument("--timeout", type=float, default=LAB_TIMEOUT_S, help="seconds before one lab is killed")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S,
                     help="seconds for the whole check; a lab that would start past the labs' share is not run")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: serve, probe")
-    ap.add_argument("--install-check", action="store_true", help="only check that torch can use the GPU nvidia-smi sees")
-    ap.add_argument("--pip-index", action="store_true", help="print pip's --index-url for a CUDA torch this driver runs")
+    ap.add_argument("--install-check", action="store_true",
+                    help="only check that torch can use the GPU nvidia-smi sees")
+    ap.add_argument("--pip-index", action="store_true",
+                    help="print pip's --index-url for a CUDA torch this driver runs")
     ap.add_argument("--probe", action="store_true", help="only probe the kernels on --device; JSON on stdout")
     args = ap.parse_args(argv)
     if args.install_check:

@@ -5,9 +5,9 @@
 
 The block sits between `<!-- claims:begin -->` and `<!-- claims:end -->`. Each row is one claim
 of the newest committed reference run of each lab (under `results/reference/`, which only
-`make reference` writes: a user's own runs go to `results/<lab>/` and never change the table) (labs in the order of the articles), re-judged with the
-lab's current judge() as `llmlab show` and `llmlab report` do. tests/test_report.py checks that
-the README's block equals the generated one.
+`make reference` writes: a user's own runs go to `results/<lab>/` and never change the table),
+labs in the order of the articles, re-judged with the lab's current judge() as `llmlab show`
+and `llmlab report` do. tests/test_report.py checks that the README's block equals the generated one.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def claims_table(results_dir: Path | str = REFERENCE, skipped: list | None = Non
     for run in newest_runs(results_dir, skipped):
         for c in run.claims:
             cid = getattr(c, "id", "")
-            lines.append(
-                f"| {_md(run.lab)} | {f'`{_md(cid)}`' if cid else ''} | {_md(c.text)} | {_md(c.expected)} | {_md(c.measured)} | {_VERDICT.get(c.holds, 'not measured')} |"
-            )
+            cells = (_md(run.lab), f"`{_md(cid)}`" if cid else "", _md(c.text), _md(c.expected), _md(c.measured),
+                     _VERDICT.get(c.holds, "not measured"))
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -68,7 +68,8 @@ def rewrite(text: str, table: str) -> str:
     """text with the block between the markers replaced by table."""
     if block(text) is None:
         raise ValueError(f"no {BEGIN} ... {END} markers")
-    return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}{END}", text, count=1, flags=re.S)
+    pattern = re.escape(BEGIN) + r".*?" + re.escape(END)
+    return re.sub(pattern, lambda _: f"{BEGIN}\n{table}{END}", text, count=1, flags=re.S)
 
 
 def main(argv: list[str] | None = None) -> int:

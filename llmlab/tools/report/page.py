@@ -28,7 +28,7 @@ def device_card_html(card: dict, n_runs: int) -> str:
     if card.get("platform"):
         rows.append(("platform", str(card["platform"])))
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
-    title = f'{card.get("name", "?")} <span class="dev">{esc(card.get("device", "?"))}</span>'
+    title = f'{esc(card.get("name", "?"))} <span class="dev">{esc(card.get("device", "?"))}</span>'
     return (f'<div class="card"><h3>{title}</h3><table class="kv">{body}</table>'
             f'<div class="muted">{plural(n_runs, "run")}</div></div>')
 
