@@ -1,10 +1,10 @@
 """Benchmark: our speculative decoding against our plain loop, HF generate and HF assisted generation.
 
-Issue 9's performance goal, on the built-in pair on a CPU, greedy, same prompts and lengths, in the
+The performance goal, on the built-in pair on a CPU, greedy, same prompts and lengths, in the
 same run: ours speculative >= 1.3x our plain decoding and >= 1.25x HF assisted generation in tokens/s;
 our plain loop >= HF generate. `make bench-speculative` (= `python -m benchmarks.speculative`).
 
-Fair to the peer (issue 12 item 10): each side gets its OWN best gamma. A pre-sweep (interleaved,
+Fair to the peer: each side gets its OWN best gamma. A pre-sweep (interleaved,
 `--sweep-rounds` rounds) times ours and HF assisted (constant schedule, confidence stop off) at every
 gamma of `--gammas`; each side's best is then re-measured in fresh interleaved rounds (no winner's
 curse), beside HF's own dynamic settings: its defaults (20 tokens, adaptive confidence stop from 0.4)
@@ -19,10 +19,11 @@ costs a sizeable share of a forward.
 
 Every output is first checked token for token against plain greedy (llm.c style: "All results match.
 Starting benchmarks."). Both sides run alike: inference mode, FP32, no EOS handling (HF through
-`decode.hf_generate`: eos_token_id None, so it neither stops nor masks EOS, as our loops with no EOS). Rounds interleave the methods (core.timing.interleaved, order alternating);
-ratios are medians of per-round ratios.
+`decode.hf_generate`: eos_token_id None, so it neither stops nor masks EOS, as our loops with no EOS).
+Rounds interleave the methods (core.timing.interleaved, order alternating); ratios are medians of
+per-round ratios.
 
-Issue 19 adds prompt lookup (no draft model: the draft is what followed the last n tokens earlier in
+Prompt lookup (no draft model: the draft is what followed the last n tokens earlier in
 the context) on input-grounded workloads (llmlab.inference.workloads: stdlib source quoted again, a
 function to rewrite) and the open-ended held-out prompts as the control. Goals, greedy, same run:
 lookup >= 1.5x our plain loop on quote and edit; >= 1.1x HF `prompt_lookup_num_tokens` at each side's
@@ -45,6 +46,8 @@ from llmlab.inference import decode
 from llmlab.inference import speculative as S
 from llmlab.inference import workloads as W
 from llmlab.labs import speculative as lab
+from llmlab.labs.speculative.harness import identity_rows
+from llmlab.labs.speculative.pair import check_pair, load_pair
 
 GOALS = {"ours / plain (ours)": lab.GOAL_VS_PLAIN, "ours / HF assisted (best constant)": lab.GOAL_VS_HF_ASSISTED,
          "ours / HF assisted (best dynamic)": lab.GOAL_VS_HF_ASSISTED, "plain (ours) / HF generate": 1.0}
@@ -68,7 +71,8 @@ def median_ratio(seconds: dict[str, list[float]], base: str, name: str) -> float
 
 
 def _methods(pair, n: int, gammas) -> dict:
-    ours = {f"ours g={g}": (lambda g=g: pair.run(lambda ids: S.speculative_generate(pair.target, pair.draft, ids, n, gamma=g).tokens))
+    ours = {f"ours g={g}": (lambda g=g: pair.run(
+                lambda ids: S.speculative_generate(pair.target, pair.draft, ids, n, gamma=g).tokens))
             for g in gammas}
     hf = {f"HF g={g}": (lambda g=g: pair.run(lambda ids: S.hf_assisted_generate(pair.target, pair.draft, ids, n, g)))
           for g in gammas}
@@ -90,9 +94,9 @@ def main() -> None:
     device = resolve_device(args.device, None)
     gammas = [int(g) for g in args.gammas.split(",")]
     cfg = lab.Config(new_tokens=args.new_tokens, prompts=args.prompts)
-    lab.check_pair(cfg)
+    check_pair(cfg)
     with torch_threads(None if device.is_cuda or not args.threads else args.threads):
-        pair = lab.load_pair(cfg, device)
+        pair = load_pair(cfg, device)
         n = args.new_tokens
         lookup_bench(pair, cfg, n, args.lookup_prompts, args.rounds, args.sweep_rounds, device)
         if args.skip_draft:
@@ -117,12 +121,13 @@ def main() -> None:
         out = interleaved(fns, args.rounds, device)
     refs = out.outputs["plain (ours)"]
     for k, outs in out.outputs.items():
-        rows = lab.identity_rows(k, outs, refs)
+        rows = identity_rows(k, outs, refs)
         if not all(r["identical"] for r in rows):
             raise SystemExit(f"{k}: output differs from plain greedy: {rows}")
     print(f"All {len(fns) - 1} methods match plain greedy token for token. Benchmark results:")
     print(f"built-in pair {cfg.model} / {cfg.draft}, greedy, {len(pair.prompts)} prompts x {n} tokens, "
-          f"{args.rounds} interleaved rounds, torch threads {args.threads or torch.get_num_threads()}, device {device.spec}")
+          f"{args.rounds} interleaved rounds, torch threads {args.threads or torch.get_num_threads()}, "
+          f"device {device.spec}")
     tokens = n * len(pair.prompts)
     for k in fns:
         tps = st.summary(tokens / s for s in out.seconds[k])
@@ -130,7 +135,8 @@ def main() -> None:
     ours, hf_c = f"ours (gamma {best['ours']})", f"HF assisted (gamma {best['HF']})"
     hf_d = max(DYNAMIC, key=lambda k: median_ratio(out.seconds, "plain (ours)", k))
     pairs = {"ours / plain (ours)": ("plain (ours)", ours), "ours / HF assisted (best constant)": (hf_c, ours),
-             "ours / HF assisted (best dynamic)": (hf_d, ours), "plain (ours) / HF generate": ("HF generate", "plain (ours)")}
+             "ours / HF assisted (best dynamic)": (hf_d, ours),
+             "plain (ours) / HF generate": ("HF generate", "plain (ours)")}
     for k, (base, name) in pairs.items():
         r = st.summary(b / s for b, s in zip(out.seconds[base], out.seconds[name], strict=True))
         ok = "meets" if r.median >= GOALS[k] else "misses"
@@ -162,7 +168,7 @@ def lookup_bench(pair, cfg, n: int, n_prompts: int, rounds: int, sweep_rounds: i
         refs = out.outputs["plain"]
         for k in ("ours", "HF"):
             toks = [o.tokens if k == "ours" else o for o in out.outputs[k]]
-            rows = lab.identity_rows(f"{w} {k}", toks, refs)
+            rows = identity_rows(f"{w} {k}", toks, refs)
             if not all(x["identical"] for x in rows):
                 raise SystemExit(f"{w} {k}: output differs from plain greedy: {rows}")
         stats = S.SpecStats()

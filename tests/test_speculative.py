@@ -25,7 +25,7 @@ from llmlab.inference import decode
 from llmlab.inference import speculative as S
 from llmlab.inference.decode import SamplingParams
 from llmlab.inference.speculative import acceptance
-from llmlab.inference.speculative import lookup as prompt_lookup
+from llmlab.inference.speculative import lookup as ngram_lookup
 
 SIGNIFICANCE = st.SIGNIFICANCE
 V = 5  # toy vocabulary: small enough to enumerate every sequence
@@ -418,7 +418,7 @@ B1_RUNS = 600  # B = 1 runs per method: a departure of Cohen's w ~0.26 (on ~25 c
 def test_b1_joint_law_of_first_tokens_chi_square(method):
     """B = 1 runs over many seeds, the JOINT law of the first 3 tokens and of all 4 against
     the target's, chi-square; the runs did accept several drafts, draw residuals at 2-3 and bonus tokens."""
-    from llmlab.labs.speculative import coverage
+    from llmlab.labs.speculative.correctness import coverage
 
     target, draft = _table_pair(vocab=4, seed=1)
     params = SamplingParams(temperature=1.0, top_k=3)
@@ -533,7 +533,7 @@ def test_enumeration_catches_a_lossy_lookup_verifier(monkeypatch):
     """The same enumeration fails when a rejected lookup token is drawn again (residual p, not p - onehot)."""
     target, _ = _table_pair()
     params = SamplingParams(temperature=1.0, top_k=2)
-    monkeypatch.setattr(prompt_lookup, "one_hot_q", lambda drafts, vocab: torch.zeros(*drafts.shape, vocab))
+    monkeypatch.setattr(ngram_lookup, "one_hot_q", lambda drafts, vocab: torch.zeros(*drafts.shape, vocab))
     prompt = (2, 3, 0, 2, 3)
     got = _enumerated_law(lambda src: S.speculative_generate(target, S.PromptLookup(max_ngram=2, num_draft=3),
                                                              torch.tensor([prompt]), 4, params=params, generator=src))

@@ -11,6 +11,8 @@ import pytest
 
 from llmlab.core.results import LabResult, find
 from llmlab.labs import speculative as lab
+from llmlab.labs.speculative.pair import Pair, sampling_params, timing_pair
+from llmlab.labs.speculative.regimes import part_verify_curve
 
 IDS = ["greedy_identity", "tree_forward_exact", "distribution_matches_target", "distribution_test_covered", "pays_off",
        "within_leviathan", "within_verify_model", "best_gamma_predicted", "vs_plain_goal", "vs_hf_assisted",
@@ -25,22 +27,26 @@ def _fixture() -> LabResult:
     t = {
         "identity": [dict(check="chain gamma=4", prompt=0, tokens=32, identical=True, first_divergence=-1)] * 3,
         "tree_check": [dict(branching="(2, 2, 1, 1)", nodes=14, max_abs_logit_diff=1e-5, tolerance=1e-3, match=True)],
-        "distribution": [dict(method=m, outcome=o, samples=600, cells=20, p_value=0.4, significance=1e-3, detectable_w=0.3,
-                              passes=True, multi_accept_rounds=40, residual_draws=90, bonus_tokens=30)
-                         for m in ("chain gamma=3", "tree (2, 2, 1)") for o in ("tokens 1-3 jointly", "tokens 1-4 jointly")],
+        "distribution": [dict(method=m, outcome=o, samples=600, cells=20, p_value=0.4, significance=1e-3,
+                              detectable_w=0.3, passes=True, multi_accept_rounds=40, residual_draws=90, bonus_tokens=30)
+                         for m in ("chain gamma=3", "tree (2, 2, 1)")
+                         for o in ("tokens 1-3 jointly", "tokens 1-4 jointly")],
         "acceptance": [dict(gamma=4, temperature=0.0, rounds=50, alpha=0.75, beta=0.75, tau=3.0, expected_tau=3.05,
                             tokens_per_target_forward=3.0, cost_ratio_c=0.2, verify_cost=1.1, predicted_speedup=1.5,
                             predicted_speedup_verify=1.45, measured_speedup=1.4, measured_p10=1.3, measured_p90=1.5)],
         "speed": [dict(method=m, gamma=g, tokens_per_s=100 * x, speedup=x) for m, g, x in
-                  (("plain (ours)", 0, 1.0), ("HF generate", 0, 0.9), ("speculative (ours)", 4, 1.4), ("HF assisted", 4, 1.0))],
+                  (("plain (ours)", 0, 1.0), ("HF generate", 0, 0.9), ("speculative (ours)", 4, 1.4),
+                   ("HF assisted", 4, 1.0))],
         "gamma_sweep": [dict(gamma=g, alpha=0.75, verify_cost=1.1, speedup=x, predicted_speedup=p + 0.1,
                              predicted_speedup_verify=p)  # the default sweep, 1..8: the best is 4 measured, 5 modelled
                         for g, x, p in ((1, 1.1, 1.1), (2, 1.3, 1.3), (3, 1.35, 1.4), (4, 1.4, 1.44), (5, 1.38, 1.45),
                                         (6, 1.35, 1.4), (7, 1.3, 1.35), (8, 1.25, 1.3))],
         "temperature_sweep": [dict(temperature=T, alpha=0.8, beta=0.79, beta_se=0.02, tau=3.0) for T in (0.0, 1.0)],
         "policies": [dict(policy=p, max_gamma=m, tokens_per_target_forward=x) for p, m, x in
-                     (("constant 4", 4, 3.0), ("heuristic +2/-1", 8, 3.2), ("confidence < 0.6", 8, 3.1), ("oracle", 8, 4.0))],
-        "tree": [dict(sampling="greedy", method=m, compared=c, verified_per_forward=v, tokens_per_target_forward=x) for m, c, v, x in
+                     (("constant 4", 4, 3.0), ("heuristic +2/-1", 8, 3.2), ("confidence < 0.6", 8, 3.1),
+                      ("oracle", 8, 4.0))],
+        "tree": [dict(sampling="greedy", method=m, compared=c, verified_per_forward=v, tokens_per_target_forward=x)
+                 for m, c, v, x in
                  (("chain gamma=4", "same depth", 5, 3.0), ("chain gamma=14", "same verify budget", 15, 3.5),
                   ("tree", "tree (2, 2, 1, 1)", 15, 3.8))],
         "batch": [dict(batch=1, speedup=1.2), dict(batch=8, speedup=0.6)],
@@ -67,7 +73,8 @@ FAILS = {  # claim -> how a run makes it fail
     "tree_forward_exact": lambda r: _set(r, "tree_check", "match", False),
     "distribution_matches_target": lambda r: _set(_set(r, "distribution", "p_value", 1e-5, lambda d: d.index[-1:]),
                                                   "distribution", "passes", False, lambda d: d.index[-1:]),
-    "distribution_test_covered": lambda r: _set(r, "distribution", "bonus_tokens", 0, lambda d: d.method == "tree (2, 2, 1)"),
+    "distribution_test_covered": lambda r: _set(r, "distribution", "bonus_tokens", 0,
+                                                lambda d: d.method == "tree (2, 2, 1)"),
     "pays_off": lambda r: _set(r, "acceptance", "measured_speedup", 0.9),
     "within_leviathan": lambda r: _set(r, "acceptance", "predicted_speedup", 2.0),
     "within_verify_model": lambda r: _set(r, "acceptance", "predicted_speedup_verify", 2.0),
@@ -76,8 +83,10 @@ FAILS = {  # claim -> how a run makes it fail
     "vs_hf_assisted": lambda r: _set(r, "speed", "speedup", 1.3, lambda d: d.method == "HF assisted"),
     "loop_vs_hf_generate": lambda r: _set(r, "speed", "speedup", 1.2, lambda d: d.method == "HF generate"),
     "alpha_matches_beta": lambda r: _set(r, "temperature_sweep", "alpha", 0.9, lambda d: d.temperature > 0),
-    "oracle_bounds_policies": lambda r: _set(r, "policies", "tokens_per_target_forward", 2.0, lambda d: d.policy == "oracle"),
-    "tree_beats_chain_same_budget": lambda r: _set(r, "tree", "tokens_per_target_forward", 3.2, lambda d: d.method == "tree"),
+    "oracle_bounds_policies": lambda r: _set(r, "policies", "tokens_per_target_forward", 2.0,
+                                             lambda d: d.policy == "oracle"),
+    "tree_beats_chain_same_budget": lambda r: _set(r, "tree", "tokens_per_target_forward", 3.2,
+                                                   lambda d: d.method == "tree"),
     "speedup_shrinks_with_batch": lambda r: _set(r, "batch", "speedup", 1.5, lambda d: d.batch == 8),
     "lookup_grounded_goal": lambda r: _set(r, "lookup", "speedup", 1.3, lambda d: d.workload == "edit"),
     "target_copies_input": lambda r: _set(r, "copy", "second_read", 0.3),
@@ -109,7 +118,8 @@ def test_claims_that_a_run_could_not_measure():
     res.config["temperature"] = 0.7  # the goals are greedy
     del res.tables["batch"]
     res.skip("batch", "not in --quick")
-    res.tables["temperature_sweep"] = res.tables["temperature_sweep"].iloc[:1]  # T = 0 only: alpha == beta by construction
+    # T = 0 only: alpha == beta by construction
+    res.tables["temperature_sweep"] = res.tables["temperature_sweep"].iloc[:1]
     del res.tables["lookup"], res.tables["regimes"]  # an older run: no prompt lookup, no verify-cost curve
     claims = lab.judge(res)
     for cid in ("vs_plain_goal", "vs_hf_assisted", "speedup_shrinks_with_batch", "alpha_matches_beta",
@@ -122,7 +132,8 @@ def test_claims_that_a_run_could_not_measure():
 def test_best_gamma_is_judged_only_on_a_sweep_wide_enough_to_miss():
     """--quick sweeps 2, 4, 6: best +- one step covers the whole sweep, so any prediction would pass."""
     res = _fixture()
-    res.tables["gamma_sweep"] = res.tables["gamma_sweep"][res.tables["gamma_sweep"].gamma.isin(lab.Config.quick().gammas)]
+    sweep = res.tables["gamma_sweep"]
+    res.tables["gamma_sweep"] = sweep[sweep.gamma.isin(lab.Config.quick().gammas)]
     c = find(lab.judge(res), "speculative.best_gamma_predicted")
     assert c.holds is None and "any prediction lands within one step" in c.note
     res = _fixture()  # five gammas, the measured best at the end: two lie beyond its one step, so it can fail
@@ -190,7 +201,8 @@ def test_headline_says_lookup_misses_because_the_model_does_not_copy():
     _set(_set(res, "copy", "second_read", 0.27), "copy", "first_read", 0.26)
     _set(res, "lookup", "speedup", 1.2, lambda d: d.workload == "quote")
     line = lab.headline(res, lab.judge(res))
-    assert "Lookup on quoted source: 1.20x; the model does not copy" in line and "27% right, as 26% the first time" in line
+    assert "Lookup on quoted source: 1.20x; the model does not copy" in line
+    assert "27% right, as 26% the first time" in line
     assert "does not copy" not in lab.headline(_fixture(), [])  # a model that copies: nothing to explain
 
 
@@ -270,11 +282,11 @@ def test_config_validation():
             lab.Config(**bad)
     q = lab.Config.quick()
     assert q.new_tokens * q.prompts >= 96 and q.repeats >= 3  # the demo's measurement: enough tokens and rounds
-    assert lab.Config(temperature=0.7).params().temperature == 0.7
+    assert sampling_params(lab.Config(temperature=0.7)).temperature == 0.7
 
 
 def test_bench_gives_each_side_its_own_best_gamma():
-    """Issue 12 item 10: the peer is not handed our best gamma; each side is compared at its own best."""
+    """The peer is not handed our best gamma; each side is compared at its own best."""
     from benchmarks import speculative as bench
 
     ratios = {"ours": {1: 1.0, 3: 1.25, 6: 1.1}, "HF": {1: 0.7, 3: 0.8, 6: 0.95}}
@@ -320,9 +332,9 @@ def test_verify_curve_part_records_an_unfit_dram_regime_as_not_measured(monkeypa
 
     monkeypatch.setattr(V, "dram_model", too_large)
     toy = _toy(1)
-    pair = lab.Pair(toy, toy, None, [], Device("cpu"), "toy / toy")
+    pair = Pair(toy, toy, None, [], Device("cpu"), "toy / toy")
     res = LabResult.new("speculative", lab.VERSION, lab.Config.quick())
-    lab.part_verify_curve(res, pair, pair, lab.Config.quick(), dict(alpha=0.7, c=0.2))
+    part_verify_curve(res, pair, pair, lab.Config.quick(), dict(alpha=0.7, c=0.2))
     assert list(res.tables["regimes"].regime) == ["in cache"]
     assert "last-level cache" in res.skipped["verify_dram"]
     c = find(lab.judge(res), "speculative.verify_free_when_memory_bound")
@@ -367,12 +379,12 @@ def test_cuda_runs_the_timed_parts_on_the_sized_pair(monkeypatch):
     monkeypatch.setattr(V, "speed_pair", speed_pair)
     cfg = lab.Config.quick()
     cuda = types.SimpleNamespace(is_cuda=True)
-    pair = lab.Pair(_toy(3), _toy(4), None, ["prompt"], cuda, "tiny / tiny-draft")
+    pair = Pair(_toy(3), _toy(4), None, ["prompt"], cuda, "tiny / tiny-draft")
     res = LabResult.new("speculative", lab.VERSION, cfg)
     res.env["models"] = dict(target_params=5_770_496, draft_params=1_217_088)
-    speed = lab.timing_pair(res, cfg, pair)
+    speed = timing_pair(res, cfg, pair)
     assert asked == dict(arch="llama-3-8b", share=pytest.approx(0.2109, abs=1e-4), multiple=cfg.dram_llc_multiple)
     assert speed is not pair and speed.prompts == pair.prompts and "arch:llama-3-8b x32 layers" in speed.label
     assert res.env["speed_models"]["kind"] == "arch" and any("arch:llama-3-8b x32" in n for n in res.notes)
-    cpu = lab.Pair(None, None, None, [], types.SimpleNamespace(is_cuda=False), "tiny / tiny-draft")
-    assert lab.timing_pair(res, cfg, cpu) is cpu and res.env["speed_models"]["kind"] == "loaded"
+    cpu = Pair(None, None, None, [], types.SimpleNamespace(is_cuda=False), "tiny / tiny-draft")
+    assert timing_pair(res, cfg, cpu) is cpu and res.env["speed_models"]["kind"] == "loaded"

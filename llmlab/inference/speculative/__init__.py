@@ -47,7 +47,7 @@ from llmlab.inference.speculative.policies import (
     OracleGamma,
     oracle_run_lengths,
 )
-from llmlab.inference.speculative.rounds import SpecGeneration, SpecStats, check_pair
+from llmlab.inference.speculative.rounds import SpecGeneration, SpecStats, check_vocabulary, prefill
 from llmlab.inference.speculative.tree import (
     TreeShape,
     compact_cache,
@@ -60,10 +60,10 @@ from llmlab.inference.speculative.tree import (
 
 __all__ = [
     "SIGNIFICANCE", "ConfidenceGamma", "ConstantGamma", "HeuristicGamma", "NgramIndex", "OracleGamma", "PromptLookup",
-    "SpecGeneration", "SpecStats", "TreeShape", "acceptance_metrics", "beta", "check_pair", "chisquare_pvalue",
+    "SpecGeneration", "SpecStats", "TreeShape", "acceptance_metrics", "beta", "check_vocabulary", "chisquare_pvalue",
     "coin", "compact_cache", "detectable_effect", "draft_chain", "draft_tree", "draw", "exact_law", "expected_tau",
     "hf_assisted_generate", "lookup_generate", "min_rule", "multi_candidate_verify", "one_hot_q",
-    "oracle_run_lengths", "predicted_speedup", "probs", "rejection_plan", "samples_for_effect",
+    "oracle_run_lengths", "predicted_speedup", "prefill", "probs", "rejection_plan", "samples_for_effect",
     "speculative_generate", "tree_attention_mask", "tree_forward", "tree_generate", "tree_shape", "verify",
     "verify_greedy", "verify_greedy_rows", "verify_round", "verify_rows",
 ]

@@ -15,7 +15,7 @@ from llmlab.inference.decode import SamplingParams
 from llmlab.inference.speculative.acceptance import beta, draw, min_rule, probs, verify_round
 from llmlab.inference.speculative.lookup import PromptLookup, lookup_generate
 from llmlab.inference.speculative.policies import ConstantGamma
-from llmlab.inference.speculative.rounds import Rounds, SpecGeneration, check_pair, prefill
+from llmlab.inference.speculative.rounds import Rounds, SpecGeneration, check_vocabulary, prefill
 
 
 @torch.inference_mode()
@@ -72,7 +72,7 @@ def speculative_generate(
     if isinstance(draft, PromptLookup):  # a draft source without a model
         return lookup_generate(target, input_ids, max_new_tokens, draft, params, generator, eos_token_id)
     rounds = Rounds(input_ids, max_new_tokens, eos_token_id)
-    check_pair(target, draft)
+    check_vocabulary(target, draft)
     policy = policy or ConstantGamma(gamma)
     (t_cache, d_cache), last = prefill([target, draft], input_ids)
     pending = last  # tokens the draft has not seen, (B, k)

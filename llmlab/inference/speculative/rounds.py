@@ -48,7 +48,7 @@ class SpecGeneration:
         return int(self.tokens.shape[1])
 
 
-def check_pair(target, draft) -> None:
+def check_vocabulary(target, draft) -> None:
     """A draft must share the target's vocabulary: its token ids are the target's."""
     vt, vd = target.config.vocab_size, draft.config.vocab_size
     if vt != vd:

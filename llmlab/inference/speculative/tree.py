@@ -16,7 +16,7 @@ import torch
 from llmlab.inference import decode
 from llmlab.inference.decode import SamplingParams
 from llmlab.inference.speculative.acceptance import draw, multi_candidate_verify, probs, verify_round
-from llmlab.inference.speculative.rounds import Rounds, SpecGeneration, SpecStats, check_pair, prefill
+from llmlab.inference.speculative.rounds import Rounds, SpecGeneration, SpecStats, check_vocabulary, prefill
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ def tree_generate(
     if children not in ("sample", "topk"):
         raise ValueError(f"children must be 'sample' or 'topk', got {children!r}")
     rounds = Rounds(input_ids, max_new_tokens, eos_token_id)
-    check_pair(target, draft)
+    check_vocabulary(target, draft)
     full = tree_shape(tuple(int(b) for b in branching))
     caches, last = prefill([target, draft], input_ids)
     pending = last  # tokens the draft has not seen, (B, k)
