@@ -63,7 +63,7 @@ def test_workload_prompts_are_the_same_for_one_salt_and_the_pool_holds_every_req
 
 # ---------------------------------------------------------------- one run on two ranks
 
-SMALL = Workload(running=2, running_prompt=16, running_tokens=12, long_prompt=72, long_tokens=4,
+SMALL = Workload(running=2, running_prompt=16, running_tokens=256, long_prompt=72, long_tokens=4,
                  long_at_ms=(10.0, 20.0), chunk_budget=32, probe_bytes=1 << 16, probe_iters=2, timeout_s=240)
 
 
@@ -91,6 +91,7 @@ def test_the_disaggregated_reply_is_the_colocated_one_and_every_request_is_answe
     assert all(h["tokens_equal"] for h in t["handoff"])
     colo, dis = t["modes"]
     assert colo["answered"] and dis["answered"] and dis["tokens_equal"]
+    assert colo["running_through"] and dis["running_through"] and colo["gaps"] > 0 and dis["gaps"] > 0
     assert [r["reply_tokens"] for r in t["requests"]] == [SMALL.long_tokens] * 4
     assert {r["mode"] for r in t["requests"]} == {colo["mode"], dis["mode"]}
     assert all(r["ttft_ms"] > 0 and r["second_token_ms"] >= r["ttft_ms"] for r in t["requests"])

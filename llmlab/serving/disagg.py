@@ -46,7 +46,7 @@ class Workload:
     device: str = "cpu"  # "cpu" or "cuda" (two GPUs: nccl; one: both ranks share it, gloo through the host)
     running: int = 4  # replies already decoding when the long prompts arrive
     running_prompt: int = 32  # their prompt tokens
-    running_tokens: int = 96  # their reply tokens: enough to run through every long prompt's prefill
+    running_tokens: int = 1024  # their reply cap: they decode until every long reply is done, then stop
     long_prompt: int = 512  # tokens of each long prompt: a multiple of block_size ships every token's K/V
     long_tokens: int = 8  # reply tokens of each long request (>= 2: the first comes from the prefill)
     long_at_ms: tuple[float, ...] = (30.0, 90.0)  # each long prompt's arrival, ms after the running replies start
@@ -114,13 +114,14 @@ def _p50(xs: list[float]) -> float:
 def mode_row(mode: str, t0: int, running: list[dict], arrivals: list[int], ttft: list[float],
              second_ns: list[int], answered: bool) -> dict:
     """One mode's running-reply ITL before and during the prefills (the first long arrival to the last long
-    request's second token), its long requests' TTFT, and whether every reply got all its tokens."""
+    request's second token), its long requests' TTFT; answered: every long reply got all its tokens;
+    running_through: every running reply still decoded at the window's end (the load lasted)."""
     lo, hi = min(arrivals), max(second_ns)
     during, before = _gaps(running, lo, hi), _gaps(running, t0, lo - 1)
     return dict(mode=mode, running=len(running), long_requests=len(arrivals), window_ms=_ms(lo, hi),
                 gaps=len(during), itl_p50_before_ms=_p50(before), itl_p50_ms=_p50(during),
                 itl_max_ms=max(during, default=math.nan), ttft_p50_ms=statistics.median(ttft), ttft_max_ms=max(ttft),
-                answered=answered)
+                answered=answered, running_through=all(r["token_ns"] and r["token_ns"][-1] >= hi for r in running))
 
 
 def handoff_rows(w: Workload, raw: dict, link: dict, equal: list[bool]) -> list[dict]:
@@ -169,15 +170,13 @@ def tables(w: Workload, raw: dict) -> dict[str, list[dict]]:
     dis_tokens = [[h["first_token"]] + r["tokens"] for h, r in zip(dec["handoffs"], dec["long"], strict=True)]
     equal = [a == b for a, b in zip(dis_tokens, co_tokens, strict=True)]
     requests = request_rows(raw, dis_tokens)
-    n = len(co_tokens)
-    full = lambda runs, replies: (all(len(r["tokens"]) == w.running_tokens for r in runs)  # noqa: E731
-                                  and all(len(t) == w.long_tokens for t in replies))
+    n, done = len(co_tokens), lambda replies: all(len(t) == w.long_tokens for t in replies)  # noqa: E731
     modes = [
         mode_row(MODES[0], co["t0_ns"], co["running"], [r["arrival_ns"] for r in co["long"]],
-                 [q["ttft_ms"] for q in requests[:n]], [r["token_ns"][1] for r in co["long"]],
-                 full(co["running"], co_tokens)) | dict(chunk_budget=w.chunk_budget, tokens_equal=None),
+                 [q["ttft_ms"] for q in requests[:n]], [r["token_ns"][1] for r in co["long"]], done(co_tokens))
+        | dict(chunk_budget=w.chunk_budget, tokens_equal=None),
         mode_row(MODES[1], dec["t0_ns"], dec["running"], [r["arrival_ns"] for r in dec["long"]],
-                 [q["ttft_ms"] for q in requests[n:]], [r["token_ns"][0] for r in dec["long"]],
-                 full(dec["running"], dis_tokens)) | dict(chunk_budget=None, tokens_equal=all(equal)),
+                 [q["ttft_ms"] for q in requests[n:]], [r["token_ns"][0] for r in dec["long"]], done(dis_tokens))
+        | dict(chunk_budget=None, tokens_equal=all(equal)),
     ]
     return dict(link=[link], handoff=handoff_rows(w, raw, link, equal), requests=requests, modes=modes)

@@ -142,16 +142,22 @@ def agree_start(link: Link) -> int:
 # ---------------------------------------------------------------- the colocated baseline (rank 1 alone)
 
 
+def stop_running(eng: Engine, running: list[Sequence]) -> None:
+    """The running replies are the load the long requests meet: stopped once every long reply is done."""
+    for seq in running:
+        eng.abort(seq)
+
+
 def colocated(model, w: Workload, vocab: int) -> dict:
     """One engine with chunked prefill (`chunk_budget` tokens per step): the running replies from t0, each long
-    prompt admitted at its arrival, every reply to its end."""
+    prompt admitted at its arrival, until every long reply is done."""
     eng = warm_engine(model, w, w.chunk_budget, vocab)
     running_p, long_p = w.prompts(vocab)
     t0 = now_ns() + START_MARGIN_NS
     arrive = [t0 + int(ms * 1e6) for ms in w.long_at_ms]
     running = start_running(eng, w, running_p, t0)
     longs, i = [], 0
-    while i < len(arrive) or eng.has_work():
+    while i < len(arrive) or any(s.finish_reason is None for s in longs):
         while i < len(arrive) and arrive[i] <= now_ns():
             longs.append(eng.add_request(long_p[i], params(w.long_tokens), arrival_ns=arrive[i]))
             i += 1
@@ -159,6 +165,7 @@ def colocated(model, w: Workload, vocab: int) -> dict:
             eng.step()
         else:
             sleep_until(arrive[i])
+    stop_running(eng, running)
     return dict(t0_ns=t0, running=[stamps(s) for s in running], long=[stamps(s) for s in longs])
 
 
@@ -230,14 +237,14 @@ def receive(eng: Engine, w: Workload, header: list[int], long_p: list[list[int]]
 
 def decode_side(model, w: Workload, vocab: int, link: Link) -> dict:
     """The running replies from t0; between two steps, a request announced in the store is pulled in (when
-    nothing runs, the store is waited on)."""
+    nothing runs, the store is waited on); until every long reply is done."""
     running_p, long_p = w.prompts(vocab)
     eng = warm_engine(model, w, w.chunk_budget, vocab)
     t0 = agree_start(link)
     arrive = [t0 + int(ms * 1e6) for ms in w.long_at_ms]
     running = start_running(eng, w, running_p, t0)
     handoffs, longs, holds = [], {}, []
-    while len(handoffs) < len(arrive) or eng.has_work():
+    while len(handoffs) < len(arrive) or any(s.finish_reason is None for s in longs.values()):
         key = f"handoff/{len(handoffs)}"
         if len(handoffs) < len(arrive) and (not eng.has_work() or link.store.check([key])):
             header = [int(x) for x in link.store.get(key).decode().split(",")]  # get() waits for the key
@@ -250,6 +257,7 @@ def decode_side(model, w: Workload, vocab: int, link: Link) -> dict:
             for seq, held in [h for h in holds if h[0].num_cached_prompt >= 0]:  # admitted: its hit holds them
                 eng.blocks.release(held)
                 holds.remove((seq, held))
+    stop_running(eng, running)
     return dict(t0_ns=t0, running=[stamps(s) for s in running], handoffs=handoffs,
                 long=[stamps(longs[j]) for j in sorted(longs)])
 
