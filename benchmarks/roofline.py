@@ -120,7 +120,8 @@ def run_c_stream(exe: Path, n: int, threads: int, repeats: int) -> tuple[dict[st
     """({kernel: (best GB/s, median GB/s)}, copy stores) of STREAM over n doubles at `threads` (OMP_NUM_THREADS);
     raises RuntimeError when its arrays do not hold what STREAM's recurrence predicts."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_PROC_BIND": "false"}
-    p = subprocess.run([str(exe), str(n), str(threads), str(repeats)], capture_output=True, text=True, env=env, check=True)
+    p = subprocess.run([str(exe), str(n), str(threads), str(repeats)], capture_output=True, text=True, env=env,
+                       check=True)
     rates, stores, checksum = parse_stream(p.stdout)
     want = stream_checksum(n, repeats)
     if not abs(checksum - want) <= 1e-9 * abs(want):
@@ -150,8 +151,10 @@ print(min(ts), statistics.median(ts))
 
 def numpy_matmul_gflops(m: int, n: int, k: int, threads: int, repeats: int, flush_bytes: int) -> tuple[float, float]:
     """(best, median) GFLOP/s of numpy's BLAS on (M,K) @ (K,N) FP32 in a child with `threads` BLAS threads."""
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    p = subprocess.run([sys.executable, "-c", NUMPY_MATMUL_CHILD, str(m), str(n), str(k), str(repeats), str(flush_bytes)],
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads)}
+    p = subprocess.run([sys.executable, "-c", NUMPY_MATMUL_CHILD, str(m), str(n), str(k), str(repeats),
+                        str(flush_bytes)],
                        capture_output=True, text=True, env=env, check=True)
     best_s, med_s = (float(x) for x in p.stdout.split())
     flops = 2 * m * n * k
@@ -187,7 +190,8 @@ def main() -> None:
     if device.is_cuda:  # the peers are CPU code: a GPU compares with its spec sheet only
         return gpu_report(device, repeats, bandwidth_spec_GBps, peak_for)
     nbytes, note = roofs.buffer_bytes(device, 8)  # the lab's buffer size: 8x the LLC, capped at 1/8 of free memory
-    out: dict = {"device": device.name, "buffer_MiB": nbytes / 2**20, "buffer_note": note, "threads": threads, "warm_up_s": warm}
+    out: dict = {"device": device.name, "buffer_MiB": nbytes / 2**20, "buffer_note": note, "threads": threads,
+                 "warm_up_s": warm}
     with tempfile.TemporaryDirectory() as tmp:
         exe, why = build_c_stream(Path(tmp))
         out["c_stream"] = why or f"built with cc {' '.join(C_FLAGS)}"
@@ -209,13 +213,15 @@ def gpu_report(device, repeats: int, bandwidth_spec_GBps, peak_for) -> None:
     spec, _ = bandwidth_spec_GBps(device)
     peak = roofs.matmul_peak_gflops(device, "bf16", repeats=repeats)
     sbf, _ = peak_for(device, "bf16")
-    print(f"{device.name}: bandwidth {bw:.0f} GB/s ({100 * bw / spec:.0f}% of spec)" if spec else f"bandwidth {bw:.0f} GB/s")
+    print(f"{device.name}: bandwidth {bw:.0f} GB/s ({100 * bw / spec:.0f}% of spec)" if spec
+          else f"bandwidth {bw:.0f} GB/s")
     print(f"bf16 matmul {peak:.0f} GFLOP/s" + (f" ({100 * peak / sbf:.0f}% of spec)" if sbf else ""))
     print("peers: not run on a GPU (numpy and the C STREAM are CPU code)")
 
 
 def bandwidth_rounds(device, threads: list[int], rounds: int, repeats: int, exe: Path | None, nbytes: int) -> dict:
-    """side -> kernel -> threads -> [(best GB/s, median GB/s) per round]; each side allocates its buffers for its turn."""
+    """side -> kernel -> threads -> [(best GB/s, median GB/s) per round]; each side allocates its buffers for its
+    turn."""
     from llmlab.core import roofs
 
     res: dict = {"ours (torch)": {}, "numpy": {}, "C STREAM": {}}
@@ -265,7 +271,8 @@ def compute_rounds(device, threads: list[int], rounds: int, repeats: int, quick:
                         s = roofs.matmul_stats(device, m, nn, k, "fp32", repeats=repeats, threads=t)
                         comp["ours (torch)"].setdefault(t, []).append(2 * m * nn * k / s.median_s / 1e9)
                     else:
-                        comp["numpy BLAS"].setdefault(t, []).append(numpy_matmul_gflops(m, nn, k, t, repeats, 2 * llc)[1])
+                        comp["numpy BLAS"].setdefault(t,
+                                                      []).append(numpy_matmul_gflops(m, nn, k, t, repeats, 2 * llc)[1])
     return comp
 
 
@@ -273,7 +280,8 @@ def roof_vs_stream(bw: dict) -> dict:
     """The lab's DRAM roof (best median over kernels, threads, rounds: the lab's rule) against STREAM's best kernel
     at its best rate (STREAM's own statistic) and at its best median."""
     def top(side: str, i: int) -> tuple[float, str]:
-        cands = [(v[i], f"{k}, {t} threads") for k, by_t in bw.get(side, {}).items() for t, vs in by_t.items() for v in vs]
+        cands = [(v[i], f"{k}, {t} threads") for k, by_t in bw.get(side,
+                                                                   {}).items() for t, vs in by_t.items() for v in vs]
         return max(cands) if cands else (float("nan"), "not run")
 
     roof, roof_how = top("ours (torch)", 1)
@@ -286,22 +294,27 @@ def roof_vs_stream(bw: dict) -> dict:
 
 def _report(out: dict, torch_version: str) -> None:
     bw, rv = out["bandwidth"], out["roof_vs_stream"]
-    print(f"device: {out['device']}; lab buffers {out['buffer_MiB']:.0f} MiB each (8x LLC{'; ' + out['buffer_note'] if out['buffer_note'] else ''}); "
+    note = "; " + out["buffer_note"] if out["buffer_note"] else ""
+    print(f"device: {out['device']}; lab buffers {out['buffer_MiB']:.0f} MiB each (8x LLC{note}); "
           f"threads {out['threads']}; warm-up {out['warm_up_s']:.2f} s; torch {torch_version}")
-    print(f"C STREAM: {out['c_stream']}; arrays {bw.get('stream_MiB', 0):.0f} MiB each (FP64); copy stores: {bw.get('copy_stores', '-')}")
+    print(f"C STREAM: {out['c_stream']}; arrays {bw.get('stream_MiB', 0):.0f} MiB each (FP64); "
+          f"copy stores: {bw.get('copy_stores', '-')}")
     print("\nbandwidth, GB/s per thread count: best rate / median (best over rounds); STREAM byte counts on every side")
     for side in ("ours (torch)", "C STREAM", "numpy"):
         for kind, by_t in bw.get(side, {}).items():
-            per_t = ", ".join(f"{t}t {max(v[0] for v in vs):.2f} / {max(v[1] for v in vs):.2f}" for t, vs in sorted(by_t.items()))
+            per_t = ", ".join(f"{t}t {max(v[0] for v in vs):.2f} / {max(v[1] for v in vs):.2f}"
+                              for t, vs in sorted(by_t.items()))
             print(f"  {side:13s} {kind:6s} {per_t}")
-    print(f"\nthe lab's DRAM roof {rv['lab_roof_GBps']:.2f} GB/s ({rv['lab_roof_kernel']}, median) / STREAM's best kernel "
-          f"{rv['stream_best_rate_GBps']:.2f} GB/s ({rv['stream_best_kernel']}, best rate): {rv['ratio_to_best_rate']:.2f}x "
-          f"(goal >= {rv['goal']}x); against STREAM's best median {rv['stream_best_median_GBps']:.2f}: {rv['ratio_to_best_median']:.2f}x")
+    print(f"\nthe lab's DRAM roof {rv['lab_roof_GBps']:.2f} GB/s ({rv['lab_roof_kernel']}, median) / "
+          f"STREAM's best kernel {rv['stream_best_rate_GBps']:.2f} GB/s ({rv['stream_best_kernel']}, best rate): "
+          f"{rv['ratio_to_best_rate']:.2f}x (goal >= {rv['goal']}x); against STREAM's best median "
+          f"{rv['stream_best_median_GBps']:.2f}: {rv['ratio_to_best_median']:.2f}x")
     print("\ncompute, FP32 matmul GFLOP/s: best median over shapes and rounds, per thread count")
     comp = out["compute"]
     for side, d in comp.items():
         bt, _ = best_of(d)
-        print(f"  {side:13s} " + ", ".join(f"{t}t {max(v):.1f}" for t, v in sorted(d.items())) + f" (best at {bt} threads)")
+        per_t = ", ".join(f"{t}t {max(v):.1f}" for t, v in sorted(d.items()))
+        print(f"  {side:13s} {per_t} (best at {bt} threads)")
     (ot, o), (pt, pv) = best_of(comp["ours (torch)"]), best_of(comp["numpy BLAS"])
     print(f"  ours at its best ({ot} threads) / numpy BLAS at its best ({pt} threads): {o / pv:.2f}x")
 

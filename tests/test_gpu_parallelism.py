@@ -20,7 +20,8 @@ from llmlab.labs.gpu_parallelism import report as greport
 def test_python_loops_match_torch():
     g = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(257, generator=g, dtype=torch.float64) for _ in range(3))
-    assert torch.allclose(torch.tensor(sizes.fma_py(a.tolist(), b.tolist(), c.tolist()), dtype=torch.float64), a * b + c)
+    assert torch.allclose(torch.tensor(sizes.fma_py(a.tolist(), b.tolist(), c.tolist()), dtype=torch.float64),
+                          a * b + c)
     assert sizes.sum_py(a.tolist()) == pytest.approx(float(a.sum()), rel=1e-12)
     m, n = torch.randn(7, 5, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
     assert torch.allclose(torch.tensor(sizes.matmul_py(m.tolist(), n.tolist()), dtype=torch.float64), m @ n)
@@ -54,7 +55,8 @@ def test_thread_counts_and_scaling_rows():
     assert harness.thread_counts(1) == (1,)
     assert harness.thread_counts(2) == (1, 2)
     assert harness.thread_counts(6) == (1, 2, 4, 6)
-    rows = sizes.scaling_rows([{"work": "matmul", "threads": 1, "median_ms": 10.0}, {"work": "matmul", "threads": 2, "median_ms": 6.0}])
+    rows = sizes.scaling_rows([{"work": "matmul", "threads": 1, "median_ms": 10.0},
+                               {"work": "matmul", "threads": 2, "median_ms": 6.0}])
     two = next(r for r in rows if r["work"] == "matmul" and r["threads"] == 2)
     assert two["speedup"] == pytest.approx(10 / 6) and two["efficiency_pct"] == pytest.approx(100 * 10 / 12)
     assert [r["speedup"] for r in rows if r["work"] == "ideal"] == [1.0, 2.0]
@@ -76,7 +78,9 @@ def test_time_interleaved_gives_one_stats_per_fn():
     assert fast.n >= 3 and slow.n >= 3 and slow.median_ms > 5 * fast.median_ms  # 100 MFLOP vs adding 8 numbers
 
 
-@pytest.mark.parametrize("bad", [dict(parts=("nope",)), dict(parts=()), dict(sizes=(0,)), dict(conv_batch=0), dict(max_threads=10_000), dict(budget_s=0)])
+@pytest.mark.parametrize("bad",
+                         [dict(parts=("nope",)), dict(parts=()), dict(sizes=(0,)), dict(conv_batch=0),
+                          dict(max_threads=10_000), dict(budget_s=0)])
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         dataclasses.replace(gp.Config.quick(), **bad)
@@ -85,19 +89,27 @@ def test_config_rejects_bad_values(bad):
 def test_run_on_cpu_measures_cpu_and_marks_gpu_not_measured():
     cfg = dataclasses.replace(
         gp.Config.quick(), sizes=(1000, 100_000), matmul_ns=(16, 64), python_max_ops=5000, budget_s=0.01,
-        tc_n_cpu=128, launch_count=16, conv_batch=1, parts=("sizes", "waves", "tensor-cores", "launch", "alexnet", "copies"),
+        tc_n_cpu=128, launch_count=16, conv_batch=1,
+        parts=("sizes", "waves", "tensor-cores", "launch", "alexnet", "copies"),
     )
     threads, knobs = torch.get_num_threads(), {k: getattr(o, a) for k, (o, a, _, _) in tf32_knobs().items()}
     res = gp.run(cfg, resolve_device("cpu"))
-    assert torch.get_num_threads() == threads and knobs == {k: getattr(o, a) for k, (o, a, _, _) in tf32_knobs().items()}
+    assert torch.get_num_threads() == threads and knobs == {k: getattr(o,
+                                                                       a) for k, (o, a, _, _) in tf32_knobs().items()}
     el = res.tables["throughput_elementwise"]
     assert {"python loop", "cpu 1 thread"} <= set(el.way) and el.ok.all() and (el.median_ms > 0).all()
-    assert not any(t.astype(str).apply(lambda col: col.str.contains("gpu|cuda")).any().any() for t in res.tables.values())  # no GPU figure anywhere
-    assert set(res.tables) == {"throughput_elementwise", "throughput_reduction", "throughput_matmul", "thread_scaling", "tensor_cores", "launch_overhead", "alexnet_conv1"}
-    assert res.claims == [] and list(res.skipped.values()) == ["no GPU"] and "wave_quantization" in next(iter(res.skipped))  # run() never judges
+    # no GPU figure anywhere
+    assert not any(t.astype(str).apply(lambda col: col.str.contains("gpu|cuda")).any().any()
+                   for t in res.tables.values())
+    assert set(res.tables) == {"throughput_elementwise", "throughput_reduction", "throughput_matmul", "thread_scaling",
+                               "tensor_cores", "launch_overhead", "alexnet_conv1"}
+    # run() never judges
+    assert res.claims == [] and list(res.skipped.values()) == ["no GPU"]
+    assert "wave_quantization" in next(iter(res.skipped))
     claims = gp.judge(res)
     gpu_ids = {"gpu_parallelism.gpu_crossover", "gpu_parallelism.wave_quantization", "gpu_parallelism.tensor_cores",
-               "gpu_parallelism.batched_beats_loop_gpu", "gpu_parallelism.alexnet_gpu_10x", "gpu_parallelism.pinned_beats_pageable"}
+               "gpu_parallelism.batched_beats_loop_gpu", "gpu_parallelism.alexnet_gpu_10x",
+               "gpu_parallelism.pinned_beats_pageable"}
     for c in claims:
         if c.id in gpu_ids:
             assert c.holds is None and c.note == "no GPU" and c.measured == "-", c.id
@@ -110,7 +122,8 @@ def test_run_on_cpu_measures_cpu_and_marks_gpu_not_measured():
 # ---------------------------------------------------------------- judge fixtures
 
 
-def _tables(py_ratio=300.0, eff=(60.0, 90.0), bf16=2.0, loop_ratio=5.0, conv_ratio=1.2, gpu=False, gpu_fast=True) -> LabResult:
+def _tables(py_ratio=300.0, eff=(60.0, 90.0), bf16=2.0, loop_ratio=5.0, conv_ratio=1.2, gpu=False,
+            gpu_fast=True) -> LabResult:
     res = LabResult("gpu-parallelism", gp.VERSION, env={"lab": {"thread_sweep": [1, 2], "cpu_isa": {"amx_bf16": True}}})
     f = 1.0 if gpu_fast else 0.01  # the GPU's speed: fast wins above a crossover, slow never wins
     for w in gp.WORKS:
@@ -118,20 +131,29 @@ def _tables(py_ratio=300.0, eff=(60.0, 90.0), bf16=2.0, loop_ratio=5.0, conv_rat
         rows = [dict(way="cpu 1 thread", size=n, median_ms=n / 100, gflops=1.0, gelems_per_s=1.0) for n in sizes]
         rows += [dict(way="cpu 2 threads", size=n, median_ms=n / 180, gflops=1.8, gelems_per_s=1.8) for n in sizes]
         if w == "elementwise":
-            rows += [dict(way="python loop", size=n, median_ms=py_ratio * n / 100, gflops=0.01, gelems_per_s=0.01) for n in sizes[:2]]
+            rows += [dict(way="python loop", size=n, median_ms=py_ratio * n / 100, gflops=0.01,
+                          gelems_per_s=0.01) for n in sizes[:2]]
         if gpu:
-            rows += [dict(way="gpu", size=n, median_ms=(0.2 + n / 5000) / f, gflops=9.0, gelems_per_s=9.0) for n in sizes]
+            rows += [dict(way="gpu", size=n, median_ms=(0.2 + n / 5000) / f, gflops=9.0,
+                          gelems_per_s=9.0) for n in sizes]
         res.tables[f"throughput_{w}"] = pd.DataFrame(rows)
-    res.tables["thread_scaling"] = pd.DataFrame([dict(work=w, threads=t, median_ms=1.0, speedup=t * (e / 100 if t == 2 else 1), efficiency_pct=e if t == 2 else 100.0)
-                                                 for w, e in zip(gp.WORKS, (eff[0], eff[0], eff[1]), strict=True) for t in (1, 2)])
-    tc = [dict(device="cpu", dtype="fp32", n=512, speedup_vs_fp32=1.0, peak_gflops=100.0), dict(device="cpu", dtype="bf16", n=512, speedup_vs_fp32=bf16, peak_gflops=400.0)]
+    res.tables["thread_scaling"] = pd.DataFrame([dict(work=w, threads=t, median_ms=1.0,
+                                                      speedup=t * (e / 100 if t == 2 else 1),
+                                                      efficiency_pct=e if t == 2 else 100.0)
+                                                 for w, e in zip(gp.WORKS, (eff[0], eff[0], eff[1]),
+                                                                 strict=True) for t in (1, 2)])
+    tc = [dict(device="cpu", dtype="fp32", n=512, speedup_vs_fp32=1.0, peak_gflops=100.0),
+          dict(device="cpu", dtype="bf16", n=512, speedup_vs_fp32=bf16, peak_gflops=400.0)]
     if gpu:
         tc += [dict(device="cuda:0", dtype=d, n=4096, speedup_vs_fp32=sp * (1 if gpu_fast else 0.1), peak_gflops=pk)
                for d, sp, pk in (("fp32", 1.0, 60e3), ("tf32", 5.0, 490e3), ("bf16", 12.0, 990e3))]
     res.tables["tensor_cores"] = pd.DataFrame(tc)
-    lo = [dict(device="cpu", threads=t, way=w, count=256, n=32, median_ms=ms) for t in (1, 2) for w, ms in (("loop of mm", loop_ratio), ("one bmm", 1.0))]
+    lo = [dict(device="cpu", threads=t, way=w, count=256, n=32, median_ms=ms)
+          for t in (1, 2) for w, ms in (("loop of mm", loop_ratio), ("one bmm", 1.0))]
     if gpu:
-        lo += [dict(device="cuda:0", threads=None, way=w, count=256, n=32, median_ms=ms) for w, ms in (("loop of mm", 2.0 if gpu_fast else 1.0), ("one bmm", 0.1 if gpu_fast else 0.9))]
+        lo += [dict(device="cuda:0", threads=None, way=w, count=256, n=32,
+                    median_ms=ms) for w, ms in (("loop of mm", 2.0 if gpu_fast else 1.0),
+                                                ("one bmm", 0.1 if gpu_fast else 0.9))]
     res.tables["launch_overhead"] = pd.DataFrame(lo)
     ax = [dict(device="cpu", batch=8, median_ms=100.0 * conv_ratio, napkin_ms=100.0)]
     if gpu:
@@ -139,8 +161,10 @@ def _tables(py_ratio=300.0, eff=(60.0, 90.0), bf16=2.0, loop_ratio=5.0, conv_rat
     res.tables["alexnet_conv1"] = pd.DataFrame(ax)
     if gpu:
         res.tables["wave_quantization"] = _waves({128 + 32: 0.2, 256 + 32: 0.15} if gpu_fast else {96: 0.2})
-        res.tables["copy_bandwidth"] = pd.DataFrame([dict(memory=m, direction="host->device", MiB=64, GBps=g, link_GBps=31.5)
-                                                     for m, g in (("pinned", 25.0 if gpu_fast else 10.0), ("pageable", 10.0))])
+        res.tables["copy_bandwidth"] = pd.DataFrame([dict(memory=m, direction="host->device", MiB=64, GBps=g,
+                                                          link_GBps=31.5)
+                                                     for m, g in (("pinned", 25.0 if gpu_fast else 10.0),
+                                                                  ("pageable", 10.0))])
     return res
 
 
@@ -152,18 +176,21 @@ def _waves(drops: dict[int, float], step: int = 32, top: int = 384) -> pd.DataFr
 
 CPU_IDS = ("python_loop_vs_vectorised", "matmul_thread_scaling", "fma_scales_worse_than_matmul", "cpu_bf16_beats_fp32",
            "batched_beats_loop_cpu", "alexnet_conv1_is_matmul")
-GPU_IDS = ("gpu_crossover", "wave_quantization", "tensor_cores", "batched_beats_loop_gpu", "alexnet_gpu_10x", "pinned_beats_pageable")
+GPU_IDS = ("gpu_crossover", "wave_quantization", "tensor_cores", "batched_beats_loop_gpu", "alexnet_gpu_10x",
+           "pinned_beats_pageable")
 
 
 def test_judge_every_claim_can_hold():
     claims = gp.judge(_tables(gpu=True))
     for cid in CPU_IDS + GPU_IDS:
         assert find(claims, f"gpu_parallelism.{cid}").holds is True, (cid, find(claims, f"gpu_parallelism.{cid}"))
-    assert gp.headline(_tables(gpu=True), claims) == "A Python loop ran 300x slower than 1 thread; the GPU won from sizes 100, 100, 100."
+    assert gp.headline(_tables(gpu=True),
+                       claims) == "A Python loop ran 300x slower than 1 thread; the GPU won from sizes 100, 100, 100."
 
 
 def test_judge_every_claim_can_fail():
-    claims = gp.judge(_tables(py_ratio=20, eff=(95.0, 50.0), bf16=0.6, loop_ratio=1.3, conv_ratio=3.0, gpu=True, gpu_fast=False))
+    claims = gp.judge(_tables(py_ratio=20, eff=(95.0, 50.0), bf16=0.6, loop_ratio=1.3, conv_ratio=3.0, gpu=True,
+                              gpu_fast=False))
     for cid in CPU_IDS + GPU_IDS:
         assert find(claims, f"gpu_parallelism.{cid}").holds is False, (cid, find(claims, f"gpu_parallelism.{cid}"))
 
@@ -174,7 +201,8 @@ def test_wave_drops_must_sit_at_the_predicted_boundaries():
     assert verdicts.wave_claim(_waves({192: 0.1, 288: 0.1})).holds is True  # one step late still counts
     noise = verdicts.wave_claim(_waves({96: 0.2}))  # a drop > 5%, but mid-wave: the old rule said "holds"
     assert noise.holds is False and noise.measured == "0/2 waves, 1 stray"
-    assert verdicts.wave_claim(_waves({160: 0.2, 288: 0.2, 352: 0.08})).holds is False  # a stray drop refutes the saw-tooth
+    # a stray drop refutes the saw-tooth
+    assert verdicts.wave_claim(_waves({160: 0.2, 288: 0.2, 352: 0.08})).holds is False
     assert verdicts.wave_claim(_waves({})).holds is False  # no drop at all: no saw-tooth
     wq = _waves({})
     assert list(wq[wq.boundary].M) == [160, 288]  # the first M past 128 and 256
@@ -186,7 +214,9 @@ def test_views_have_their_columns():
     res.tables["wave_quantization"]["waves"] = 1.0
     for v in gp.views(res):
         df = v.rows(res.tables[v.table]) if v.rows else res.tables[v.table]
-        missing = [c.key for c in v.cols if c.key not in df.columns and c.key not in ("gflops", "pct_of_peak", "GBps", "pct_of_link", "efficiency_pct", "median_ms", "speedup", "waves")]
+        missing = [c.key for c in v.cols if c.key not in df.columns and c.key not in ("gflops", "pct_of_peak", "GBps",
+                                                                                      "pct_of_link", "efficiency_pct",
+                                                                                      "median_ms", "speedup", "waves")]
         assert not missing and len(v.cols) <= 6, (v.title, missing)
     piv = greport._pivot(res.tables["throughput_elementwise"], "gelems_per_s")
     assert list(piv.columns) == ["size", "cpu 1 thread", "cpu 2 threads", "python loop", "gpu"] and len(piv) == 3
@@ -200,12 +230,14 @@ def test_views_have_their_columns():
 def test_cli_quick_end_to_end(quick_run):
     d = quick_run("gpu-parallelism").data
     assert d["lab"] == "gpu-parallelism" and d["env"]["quick"] is True
-    for name in ("throughput_elementwise", "throughput_matmul", "thread_scaling", "tensor_cores", "launch_overhead", "alexnet_conv1"):
+    for name in ("throughput_elementwise", "throughput_matmul", "thread_scaling", "tensor_cores", "launch_overhead",
+                 "alexnet_conv1"):
         t = d["tables"][name]
         col = t["columns"].index("median_ms")
         assert t["rows"] and all(r[col] is None or r[col] > 0 for r in t["rows"])
     ids = {c["id"] for c in d["claims"]}
-    assert {"gpu_parallelism.python_loop_vs_vectorised", "gpu_parallelism.matmul_thread_scaling", "gpu_parallelism.alexnet_conv1_is_matmul"} <= ids
+    assert {"gpu_parallelism.python_loop_vs_vectorised", "gpu_parallelism.matmul_thread_scaling",
+            "gpu_parallelism.alexnet_conv1_is_matmul"} <= ids
     assert all(c["measured"] != "-" for c in d["claims"] if c["verdict"] != "not measured")
     assert list(d["skipped"].values()) == ["no GPU"]
 
@@ -258,12 +290,14 @@ def test_gpu_code_paths_run_with_a_stand_in_device(monkeypatch):
 
     cpu = resolve_device("cpu")
     monkeypatch.setattr(harness, "measure", lambda fn, device, **kw: timing.measure(fn, cpu, **kw))
-    monkeypatch.setattr(harness, "interleaved", lambda fns, repeats, device, **kw: timing.interleaved(fns, repeats, cpu, **kw))
+    monkeypatch.setattr(harness, "interleaved", lambda fns, repeats, device,
+                        **kw: timing.interleaved(fns, repeats, cpu, **kw))
     monkeypatch.setattr(sizes, "L2Flusher", _CountingFlusher)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(multi_processor_count=2))
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
     cfg = dataclasses.replace(
-        gp.Config.quick(), sizes=(1000, 10_000), matmul_ns=(16, 32), python_max_ops=1000, budget_s=0.005, tc_n_cpu=64, tc_n_gpu=64,
+        gp.Config.quick(), sizes=(1000, 10_000), matmul_ns=(16, 32), python_max_ops=1000, budget_s=0.005, tc_n_cpu=64,
+        tc_n_gpu=64,
         wave_k=32, wave_max_waves=2, wave_step=64, launch_count=8, conv_batch=1, copy_sizes_mb=(1,), parts=("sizes",),
     )
     _CountingFlusher.calls = 0

@@ -18,7 +18,8 @@ from llmlab.labs import prefill_decode as P
 from llmlab.labs.prefill_decode import measure, parts
 
 CPU = Device("cpu")
-TINY = F.Shape(layers=6, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=768, vocab=4096)  # tiny's config.json
+# tiny's config.json
+TINY = F.Shape(layers=6, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=768, vocab=4096)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,8 @@ def test_crossover_batch_is_about_the_ridge_for_fp16_weights():
 
     shape = F.Shape.of(load_config("arch:llama-3-8b"))
     assert F.crossover_batch(shape, 100.0, context=0, elem=2) == pytest.approx(100, rel=0.1)
-    assert F.crossover_batch(shape, 100.0, context=0, elem=4) == pytest.approx(200, rel=0.1)  # FP32: 2 FLOPs per 4 bytes
+    # FP32: 2 FLOPs per 4 bytes
+    assert F.crossover_batch(shape, 100.0, context=0, elem=4) == pytest.approx(200, rel=0.1)
     assert F.crossover_batch(shape, 1e6, context=4096, elem=2) == float("inf")  # the KV grows as fast as the FLOPs
 
 
@@ -137,7 +139,8 @@ def test_decode_share_of_a_real_generation_is_predicted_from_ttft_and_itl(tiny):
             break
     assert list(df["new_tokens"]) == [32, 64] and (df["tokens"] == 128).all()
     assert (df["predicted_share"] > 0.5).all() and (df["error"].abs() <= P.E2E_TOL).all(), df.to_dict("records")
-    assert parts.share_replies(replace(cfg, share_output_lens=(64, 9000)), 8192, res) == [64] and "9000" in res.notes[-1]
+    assert parts.share_replies(replace(cfg, share_output_lens=(64, 9000)), 8192,
+                               res) == [64] and "9000" in res.notes[-1]
 
 
 # ---------------------------------------------------------------- judge fixtures
@@ -159,12 +162,14 @@ def fixture(pre_share=0.8, dec_share=0.8, itl_growth=None, e2e_error=0.02, flop_
                          prefill_bytes=pc.bytes, decode_flops=dc.flops, decode_bytes=dc.bytes))
     res = LabResult(lab=P.LAB, version=P.VERSION)
     res.add_table("roofs", pd.DataFrame([dict(roof="bandwidth", value=bw), dict(roof="compute", value=peak),
-                                         dict(roof="ridge", value=peak / bw), dict(roof="last-level cache", value=32.0)]))
+                                         dict(roof="ridge", value=peak / bw),
+                                         dict(roof="last-level cache", value=32.0)]))
     res.add_table("phases", pd.DataFrame(rows))
     res.add_table("intensity", parts.intensity_rows(pd.DataFrame(rows), peak, bw))
     batches = (1, 4, 16, 64)
     res.add_table("crossover", pd.DataFrame([dict(batch=b, ms=10.0 * max(1.0, b / knee_batch), roof_ms=2.0 * b,
-                                                  formula_crossover=formula_batch, napkin_crossover=20.0) for b in batches]))
+                                                  formula_crossover=formula_batch,
+                                                  napkin_crossover=20.0) for b in batches]))
     res.add_table("e2e", pd.DataFrame([dict(model="tiny", tokens=32, new_tokens=8, error=e2e_error)]))
     res.add_table("flop_check", pd.DataFrame([dict(model="tiny", phase="prefill", ratio=flop_ratio),
                                               dict(model="tiny", phase="decode", ratio=1.0)]))
@@ -174,8 +179,10 @@ def fixture(pre_share=0.8, dec_share=0.8, itl_growth=None, e2e_error=0.02, flop_
         pred = share_ttft_ms + (n - 1) * 2.0
         share.append(parts.decode_share_row("tiny", 512, n, share_ttft_ms, 2.0, pred * share_whole_x, 2))
     res.add_table("decode_share", pd.DataFrame(share))
-    res.add_table("decode_floor", pd.DataFrame([dict(model="tiny", tokens=32, measured_ms=rows[0]["decode_ms"], overhead_ms=1.0,
-                                                     memory_ms=2.0, compute_ms=0.1, weights_MiB=22.0, kv_MiB=0.2, llc_MiB=32.0)]))
+    res.add_table("decode_floor",
+                  pd.DataFrame([dict(model="tiny", tokens=32, measured_ms=rows[0]["decode_ms"], overhead_ms=1.0,
+                                                     memory_ms=2.0, compute_ms=0.1, weights_MiB=22.0, kv_MiB=0.2,
+                                                     llc_MiB=32.0)]))
     return res
 
 
@@ -226,7 +233,8 @@ def test_crossover_not_reached_is_not_measured_when_the_formula_is_past_the_swee
 
 def test_decode_bound_names_overhead_when_the_weights_sit_in_cache():
     fl = fixture().tables["decode_floor"].iloc[0]
-    assert P.decode_bound(fl)[0] == "per-step overhead"  # DRAM roof 2 ms is bigger, but the 22 MiB sit in 32 MiB of cache
+    # DRAM roof 2 ms is bigger, but the 22 MiB sit in 32 MiB of cache
+    assert P.decode_bound(fl)[0] == "per-step overhead"
     assert P.decode_bound(fl.copy().replace({32.0: 8.0}))[0] == "memory bandwidth"
 
 
@@ -258,7 +266,8 @@ def test_lengths_beyond_the_context_are_clamped_with_a_note():
 
 
 @pytest.mark.parametrize("kw", [dict(prompt_lens=()), dict(prompt_lens=(0, 16)), dict(prompt_lens=(-5,)),
-                                dict(batch_sizes=(0,)), dict(batch_sizes=()), dict(output_lens=(1,)), dict(link_GBps=-1.0),
+                                dict(batch_sizes=(0,)), dict(batch_sizes=()), dict(output_lens=(1,)),
+                                dict(link_GBps=-1.0),
                                 dict(models=())])
 def test_config_refuses_bad_values(kw):
     with pytest.raises(ValueError):
@@ -298,14 +307,16 @@ def test_each_expected_text_states_the_test_its_verdict_applies():
     for c in claims.values():
         assert any(w in c.expected for w in THRESHOLD_WORDS), c
     ratio = claims["prefill_decode.prefill_tokens_per_s_ratio"]
-    napkin, bar = (float(x.split("x")[0]) for x in (ratio.expected.split("roofline's ")[1], ratio.expected.split("i.e. >= ")[1]))
+    napkin, bar = (float(x.split("x")[0]) for x in (ratio.expected.split("roofline's ")[1],
+                                                    ratio.expected.split("i.e. >= ")[1]))
     assert bar == pytest.approx(0.5 * napkin, abs=0.06)  # the 0.5 x napkin bar itself
     assert claims["prefill_decode.ttft_grows_itl_flat"].expected.startswith("TTFT x >= 2 x ITL x, ITL x <= 1.5")
     assert claims["prefill_decode.crossover_batch"].expected.startswith("knee within 0.5-2x of B ~16")
 
 
 def test_on_a_gpu_the_first_model_leaves_l2_behind_and_buffers_are_8x_l2(monkeypatch):
-    monkeypatch.setattr(measure, "gpu_speed_model", lambda ref, choice, device, dtype: ("arch:llama-3.2-1b", "why") if device.is_cuda else (ref, ""))
+    monkeypatch.setattr(measure, "gpu_speed_model", lambda ref, choice, device,
+                        dtype: ("arch:llama-3.2-1b", "why") if device.is_cuda else (ref, ""))
     cfg = P.Config.quick()
     assert measure.gpu_models(cfg, CPU, "float32") == (("tiny",), "")  # the CPU changes nothing
     assert measure.gpu_models(cfg, Device("cuda:0"), "bfloat16") == (("arch:llama-3.2-1b", "tiny"), "why")

@@ -216,13 +216,16 @@ def test_config_validation():
 # ---------------------------------------------------------------- judge fixtures
 
 
-def _roofs_df(bw=10.0, bw_spec=None, fp32=(80.0, 100.0, 70.0), bf16=(150.0, 200.0, 70.0), source="2 cores x 3.5 GHz (max boost)"):
+def _roofs_df(bw=10.0, bw_spec=None, fp32=(80.0, 100.0, 70.0), bf16=(150.0, 200.0, 70.0),
+              source="2 cores x 3.5 GHz (max boost)"):
     rows = [dict(roof="bandwidth", dtype="-", how="triad (1 threads)", measured_median=bw, unit="GB/s", spec=bw_spec,
                  want_pct=90.0, spec_source="datasheet")]
     for d, (got, spec, want) in (("fp32", fp32), ("bf16", bf16)):
-        rows.append(dict(roof="compute", dtype=d, how="torch", measured_median=got, unit="GFLOP/s", spec=spec, want_pct=want,
+        rows.append(dict(roof="compute", dtype=d, how="torch", measured_median=got, unit="GFLOP/s", spec=spec,
+                         want_pct=want,
                          spec_source=source))
-    rows.append(dict(roof="ridge", dtype="fp32", how="peak / bandwidth", measured_median=fp32[0] / bw, unit="FLOP/byte", spec=None,
+    rows.append(dict(roof="ridge", dtype="fp32", how="peak / bandwidth", measured_median=fp32[0] / bw,
+                     unit="FLOP/byte", spec=None,
                      want_pct=None, spec_source=""))
     df = pd.DataFrame(rows)
     df["pct_of_spec"] = 100 * df["measured_median"] / df["spec"]
@@ -234,13 +237,17 @@ def _result(roofs_df=None, sweep_fr=(0.3, 0.8, 0.95, 1.0), cache_gbps=40.0, knee
     res = LabResult("roofline", R.VERSION)
     res.tables["roofs"] = roofs_df if roofs_df is not None else _roofs_df()
     res.tables["bandwidth_sweep"] = pd.DataFrame(dict(kernel=["triad"] * 3, level=["L1", "L2", "DRAM"],
-                                                      working_set_bytes=[2**14, 2**20, 2**30], median_GBps=[cache_gbps, cache_gbps / 2, 10.0],
+                                                      working_set_bytes=[2**14, 2**20, 2**30],
+                                                      median_GBps=[cache_gbps, cache_gbps / 2, 10.0],
                                                       best_GBps=[cache_gbps, cache_gbps / 2, 11.0]))
     res.tables["intensity_sweep"] = pd.DataFrame(dict(m=[1, 4, 16, 64][: len(sweep_fr)], k=2048, dtype="fp32",
-                                                      intensity=[0.5, 2, 7, 20][: len(sweep_fr)], fraction_of_roof=list(sweep_fr),
+                                                      intensity=[0.5, 2, 7, 20][: len(sweep_fr)],
+                                                      fraction_of_roof=list(sweep_fr),
                                                       median_gflops=1.0, roof_gflops=2.0, bound="memory"))
-    res.tables["decode_model"] = pd.DataFrame([dict(model="tiny", dtype="fp32", weight_bytes=2**24, fits_llc=False, timed=timed,
-                                                    context=40.0, b1_intensity=0.5, ridge=8.0, predicted_knee=knee_pred, largest_batch=64)])
+    res.tables["decode_model"] = pd.DataFrame([dict(model="tiny", dtype="fp32", weight_bytes=2**24, fits_llc=False,
+                                                    timed=timed,
+                                                    context=40.0, b1_intensity=0.5, ridge=8.0,
+                                                    predicted_knee=knee_pred, largest_batch=64)])
     if timed:
         batches = [1, 4, 16, 64]
         ms = dec_ms or [max(10.0, 10.0 * b / 16) for b in batches]  # flat, then linear from B = 16
@@ -252,19 +259,23 @@ def _result(roofs_df=None, sweep_fr=(0.3, 0.8, 0.95, 1.0), cache_gbps=40.0, knee
 
 def test_judge_every_claim_can_hold():
     claims = R.judge(_result(roofs_df=_roofs_df(bw_spec=10.5)))
-    for cid in ("bandwidth_vs_spec", "fp32_peak_vs_spec", "bf16_peak_vs_spec", "cache_above_dram", "gemm_traces_roofline",
+    for cid in ("bandwidth_vs_spec", "fp32_peak_vs_spec", "bf16_peak_vs_spec", "cache_above_dram",
+                "gemm_traces_roofline",
                 "decode_b1_compute_share", "decode_knee_vs_ridge"):
         assert find(claims, f"roofline.{cid}").holds is True, cid
     assert len(claims) == 7
     res = _result()
-    assert R.headline(res, claims).startswith("Decode at batch 1 does 0.50 FLOP per byte, far below the ridge (8.0 at 10.0 GB/s)")
+    assert R.headline(res, claims).startswith(
+        "Decode at batch 1 does 0.50 FLOP per byte, far below the ridge (8.0 at 10.0 GB/s)")
 
 
 def test_judge_every_claim_can_fail():
-    res = _result(roofs_df=_roofs_df(bw_spec=20.0, fp32=(50.0, 100.0, 70.0), bf16=(20.0, 200.0, 70.0)), sweep_fr=(0.1, 0.2, 1.5),
+    res = _result(roofs_df=_roofs_df(bw_spec=20.0, fp32=(50.0, 100.0, 70.0), bf16=(20.0, 200.0, 70.0)),
+                  sweep_fr=(0.1, 0.2, 1.5),
                   cache_gbps=12.0, knee_pred=2.0, b1_pct=9.0)
     claims = R.judge(res)
-    for cid in ("bandwidth_vs_spec", "fp32_peak_vs_spec", "bf16_peak_vs_spec", "cache_above_dram", "gemm_traces_roofline",
+    for cid in ("bandwidth_vs_spec", "fp32_peak_vs_spec", "bf16_peak_vs_spec", "cache_above_dram",
+                "gemm_traces_roofline",
                 "decode_b1_compute_share", "decode_knee_vs_ridge"):
         assert find(claims, f"roofline.{cid}").holds is False, cid
     assert "50%" in find(claims, "roofline.fp32_peak_vs_spec").measured
@@ -274,7 +285,8 @@ def test_judge_not_measured_without_spec_or_decode():
     roofs_df = _roofs_df(bf16=(150.0, 200.0, None))  # a CPU without a BF16 unit: no expectation
     roofs_df.loc[roofs_df["dtype"] == "fp32", "spec"] = None
     claims = R.judge(_result(roofs_df=roofs_df, timed=False))
-    for cid in ("bandwidth_vs_spec", "fp32_peak_vs_spec", "bf16_peak_vs_spec", "decode_b1_compute_share", "decode_knee_vs_ridge"):
+    for cid in ("bandwidth_vs_spec", "fp32_peak_vs_spec", "bf16_peak_vs_spec", "decode_b1_compute_share",
+                "decode_knee_vs_ridge"):
         c = find(claims, f"roofline.{cid}")
         assert c.holds is None and c.note and c.measured, cid
     assert "16" in find(claims, "roofline.decode_knee_vs_ridge").expected  # the prediction is still shown
@@ -287,10 +299,12 @@ def test_peak_above_spec_always_carries_a_note():
     c = find(claims, "roofline.bf16_peak_vs_spec")
     assert c.measured.startswith("113%") and c.holds is True
     assert "above 100%" in c.note and "clock" in c.note
-    src = "2 cores x 2.00 GHz (clock from /proc/cpuinfo (no max boost clock reported)) x 64 FP32 FLOP/cycle (AVX-512); BF16 x 1024 (AMX)"
+    src = ("2 cores x 2.00 GHz (clock from /proc/cpuinfo (no max boost clock reported)) x 64 FP32 FLOP/cycle "
+           "(AVX-512); BF16 x 1024 (AMX)")
     assert rjudge._short_source(src) == "2 cores x 2.00 GHz x 64 FP32 FLOP/cycle"
     assert rjudge._short_source(src, "bf16") == "2 cores x 2.00 GHz x 1024 BF16 FLOP/cycle"
-    boosted = _roofs_df(bf16=(226.0, 200.0, 70.0), source="2 cores x 3.50 GHz (max boost, cpufreq) x 64 FP32 FLOP/cycle")
+    boosted = _roofs_df(bf16=(226.0, 200.0, 70.0),
+                        source="2 cores x 3.50 GHz (max boost, cpufreq) x 64 FP32 FLOP/cycle")
     assert "suspect" in find(R.judge(_result(roofs_df=boosted)), "roofline.bf16_peak_vs_spec").note
 
 
@@ -339,8 +353,13 @@ def test_whatif_table_is_napkin_math_from_the_spec_registry():
     assert (a100["note"] != "").all() and (a100["peak_tflops"] == 312.0).all()  # no FP8 tensor cores: BF16 math
     mine = w[w["source"] == whatif.MEASURED]
     assert len(mine) == 6 and (mine["bandwidth_GBps"] == 10.0).all()
-    shown = rreport._whatif_rows(w)
-    assert len(shown) == 14 and shown["gpu"].iloc[-1] == "Intel Xeon (measured)"
+    shown = rreport._whatif_rows(w).set_index("gpu")
+    assert list(shown.index)[-1] == "Intel Xeon (measured)" and len(shown) == 7
+    assert shown.loc["H100 SXM", "fits"] == "8B 32B / 8B 32B 70B" and shown.loc["L4", "fits"] == "8B / 8B"
+    res = _whatif_result()
+    view = next(v for v in R.views(res) if v.table == "whatif")
+    df = view.rows(res.tables["whatif"])
+    assert {c.key for c in view.cols} <= set(df.columns) and len(view.cols) <= 6 and len(df) <= view.max_rows
 
 
 def test_knee_not_reached_is_not_measured_only_when_predicted_past_the_sweep():
@@ -352,9 +371,11 @@ def test_knee_not_reached_is_not_measured_only_when_predicted_past_the_sweep():
 def test_views_fit_their_tables():
     res = _result()
     res.tables["bandwidth"] = pd.DataFrame(dict(kernel=["copy", "triad", "copy", "triad"], threads=[1, 1, 2, 2],
-                                                median_GBps=[5.0, 6.0, 7.0, 4.0], best_GBps=[6.0, 7, 8, 5], calls_per_block=1))
+                                                median_GBps=[5.0, 6.0, 7.0, 4.0], best_GBps=[6.0, 7, 8, 5],
+                                                calls_per_block=1))
     res.tables["overlay"] = pd.DataFrame(dict(phase=["prefill", "prefill", "decode", "decode"], tokens=[512, 512, 1, 1],
-                                              op=["q_proj", "attention"] * 2, flops=[100, 50, 2, 1], bytes=[10, 10, 4, 4],
+                                              op=["q_proj", "attention"] * 2, flops=[100, 50, 2, 1],
+                                              bytes=[10, 10, 4, 4],
                                               roof_us=[1.0, 1, 1, 1], bound=["compute", "compute", "memory", "memory"]))
     for v in R.views(res):
         df = v.rows(res.tables[v.table]) if v.rows else res.tables[v.table]
@@ -382,7 +403,8 @@ def test_bench_peers_are_numpy_and_count_bytes_the_stream_way():
     peers["copy"][0]()
     np.testing.assert_array_equal(b, a)
     for fn, _ in peers.values():  # independent code: no torch, no llmlab kernel inside
-        names = set(fn.__code__.co_names) | {n for cell in (fn.__closure__ or ()) for n in getattr(cell.cell_contents, "__code__", fn.__code__).co_names}
+        inner = (getattr(cell.cell_contents, "__code__", fn.__code__) for cell in (fn.__closure__ or ()))
+        names = set(fn.__code__.co_names) | {n for code in inner for n in code.co_names}
         assert not names & {"torch", "bandwidth_kernels", "roofs"}, names
 
 
@@ -402,7 +424,8 @@ def test_bench_c_stream_builds_and_its_four_kernels_match_streams_recurrence(tmp
     rates, stores = B.run_c_stream(exe, 3 * 4096, threads=2, repeats=3)  # raises when the arrays are wrong
     assert set(rates) == set(B.STREAM_KERNELS) and all(best >= med > 0 for best, med in rates.values())
     assert stores in ("nontemporal", "plain")
-    assert B.stream_checksum(3 * 4096, 3) == 3 * (15.0**4 + 3 * 15.0**3 + 4 * 15.0**3)  # a, b, c after 4 rounds, 3 samples
+    # a, b, c after 4 rounds, 3 samples
+    assert B.stream_checksum(3 * 4096, 3) == 3 * (15.0**4 + 3 * 15.0**3 + 4 * 15.0**3)
 
 
 def test_bench_roof_vs_stream_takes_each_sides_own_statistic():
@@ -422,17 +445,20 @@ def test_bench_roof_vs_stream_takes_each_sides_own_statistic():
 def test_cli_quick_end_to_end(quick_run):
     d = quick_run("roofline").data
     tables = d["tables"]
-    for name in ("bandwidth", "bandwidth_sweep", "compute", "roofs", "intensity_sweep", "overlay", "decode_model", "decode"):
+    for name in ("bandwidth", "bandwidth_sweep", "compute", "roofs", "intensity_sweep", "overlay", "decode_model",
+                 "decode"):
         assert tables[name]["rows"], name
     assert d["env"]["warm_up_s"] >= 0.3  # clocks boosted before the roofs
     bw = pd.DataFrame(tables["bandwidth"]["rows"], columns=tables["bandwidth"]["columns"])
     assert (bw["median_GBps"] > 0).all() and (bw["best_GBps"] >= bw["median_GBps"] * 0.999).all()
-    assert (bw["buffer_bytes"] >= 8 * last_level_cache_bytes(CPU) * 0.99).all() or d["notes"]  # >= 8x LLC, or capped with a note
+    # >= 8x LLC, or capped with a note
+    assert (bw["buffer_bytes"] >= 8 * last_level_cache_bytes(CPU) * 0.99).all() or d["notes"]
     sweep = pd.DataFrame(tables["intensity_sweep"]["rows"], columns=tables["intensity_sweep"]["columns"])
     assert sweep["intensity"].is_monotonic_increasing and (sweep["median_gflops"] > 0).all()
     ids = {c["id"] for c in d["claims"]}
     assert {"roofline.fp32_peak_vs_spec", "roofline.decode_b1_compute_share", "roofline.decode_knee_vs_ridge"} <= ids
-    assert next(c for c in d["claims"] if c["id"] == "roofline.bandwidth_vs_spec")["holds"] is None  # no CPU bandwidth spec
+    # no CPU bandwidth spec
+    assert next(c for c in d["claims"] if c["id"] == "roofline.bandwidth_vs_spec")["holds"] is None
     assert d["skipped"]  # the GPU roofs, with why
 @pytest.mark.parametrize("args,needle", [(["--gpu", "0"], "GPU 0"), (["--device", "cpu", "--dtype", "int8"], "dtype")])
 def test_cli_bad_input_exits_2_with_one_line(args, needle, cli):
@@ -519,7 +545,8 @@ def test_graph_replay_captures_the_calls_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", lambda g: ctx("capture"))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     replay = timing.graph_replay(lambda: log.append("call"), Device("cuda:0"), calls=4)
-    assert log == ["wait", "enter side", "call", "call", "call", "exit side", "wait", "enter capture"] + ["call"] * 4 + ["exit capture"]
+    assert log == ["wait", "enter side", "call", "call", "call", "exit side", "wait",
+                   "enter capture"] + ["call"] * 4 + ["exit capture"]
     replay()
     assert log[-1] == "replay" and log.count("call") == 7  # a replay calls no Python fn: the GPU re-runs the kernels
 
@@ -531,7 +558,8 @@ def test_gpu_sweep_sizes_come_from_the_device_l2(monkeypatch):
     sizes = rmeasure.sweep_sizes(cfg, Device("cuda:0"), n_max=10**9)
     assert sizes[0] * 4 == l2 // 64 and sizes[-1] * 4 == 2 * l2  # L2/64 .. 2x L2, not the CPU's 16 KiB
     assert rmeasure.sweep_sizes(cfg, CPU, n_max=10**9)[0] * 4 == cfg.sweep_min_bytes
-    assert rmeasure.cache_level(l2, Device("cuda:0")) == "L2" and rmeasure.cache_level(l2 + 1, Device("cuda:0")) == "HBM"
+    gpu = Device("cuda:0")
+    assert rmeasure.cache_level(l2, gpu) == "L2" and rmeasure.cache_level(l2 + 1, gpu) == "HBM"
 
 
 def test_gpu_l2_size_is_read_from_the_device(monkeypatch):
@@ -563,8 +591,10 @@ def test_gpu_speed_model_leaves_l2_behind(monkeypatch):
 
 
 def test_fp32_peak_expected_text_names_the_clock():
-    roofs_t = pd.DataFrame([dict(roof="compute", dtype="fp32", measured_median=300.0, spec=448.0, want_pct=70.0, loadavg_1m=None,
-                                 spec_source="2 cores x 3.50 GHz (max boost clock (cpufreq cpuinfo_max_freq)) x 64 FP32 FLOP/cycle (AVX-512)")])
+    roofs_t = pd.DataFrame([dict(roof="compute", dtype="fp32", measured_median=300.0, spec=448.0, want_pct=70.0,
+                                 loadavg_1m=None,
+                                 spec_source="2 cores x 3.50 GHz (max boost clock (cpufreq cpuinfo_max_freq)) "
+                                             "x 64 FP32 FLOP/cycle (AVX-512)")])
     c = rjudge._peak_claim(roofs_t, "fp32")
     assert c.expected == ">= 70% of 448 GFLOP/s (at 3.50 GHz, max boost clock)" and c.holds is False
 

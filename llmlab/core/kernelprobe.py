@@ -88,7 +88,8 @@ def probe_tf32(dev) -> dict:
         t_tf32 = _seconds(lambda: a @ b, dev)
     err, fl = _rel(got, ref), 2 * n**3 / 1e12
     return _row("tf32 matmul", "ran" if err <= TF32_BAR else "mismatch",
-                f"IEEE {fl / t_ieee:.1f} TFLOP/s, TF32 {fl / t_tf32:.1f} TFLOP/s ({t_ieee / t_tf32:.1f}x), rel err {err:.1e}")
+                f"IEEE {fl / t_ieee:.1f} TFLOP/s, TF32 {fl / t_tf32:.1f} TFLOP/s ({t_ieee / t_tf32:.1f}x), "
+                f"rel err {err:.1e}")
 
 
 def probe_fp8(dev) -> dict:
@@ -98,7 +99,8 @@ def probe_fp8(dev) -> dict:
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return _row(name, "not available", f"torch {torch.__version__} has no torch._scaled_mm / float8_e4m3fn")
     if dev.type != "cuda" or _cc(dev) < (8, 9):
-        return _row(name, "not available", f"needs a CUDA GPU with compute capability >= 8.9 (here: {dev.type} {_cc(dev)})")
+        return _row(name, "not available",
+                    f"needs a CUDA GPU with compute capability >= 8.9 (here: {dev.type} {_cc(dev)})")
     n = MATMUL_N["cuda"]
     a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)  # (M, K) row-major
     b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()  # (K, N) column-major
@@ -109,7 +111,8 @@ def probe_fp8(dev) -> dict:
         t = _seconds(run, dev)
     except (RuntimeError, TypeError) as exc:
         return _row(name, "not available", _why(exc))
-    return _row(name, "ran" if err <= LOW_BAR else "mismatch", f"E4M3 {2 * n**3 / t / 1e12:.1f} TFLOP/s, rel err {err:.1e}")
+    return _row(name, "ran" if err <= LOW_BAR else "mismatch",
+                f"E4M3 {2 * n**3 / t / 1e12:.1f} TFLOP/s, rel err {err:.1e}")
 
 
 def probe_int8(dev) -> dict:
@@ -168,7 +171,8 @@ def probe_int4(dev, group: int = 128) -> dict:
     except (RuntimeError, NotImplementedError, TypeError) as exc:
         return _row(name, "not available", _why(exc))
     return _row(name, "ran" if err <= LOW_BAR else "mismatch",
-                f"M=16, {n}x{n} INT4 weights (groups of {group}) read at {n * n / 2 / t / 1e9:.3g} GB/s, rel err {err:.1e}")
+                f"M=16, {n}x{n} INT4 weights (groups of {group}) read at {n * n / 2 / t / 1e9:.3g} GB/s, "
+                f"rel err {err:.1e}")
 
 
 def probe_sdpa(dev, heads: int = 32, kv_heads: int = 8, head_dim: int = 128, context: int = 512) -> dict:

@@ -72,11 +72,14 @@ class Buffers:
 
 
 def buffer_bytes(device: Device, llc_multiple: int = 8) -> tuple[int, str]:
-    """(bytes of one bandwidth buffer, why it is smaller than asked or ""): llc_multiple x LLC, capped at 1/8 of free memory."""
+    """(bytes of one bandwidth buffer, why it is smaller than asked or ""): llc_multiple x LLC, capped at 1/8 of
+    free memory."""
     want = llc_multiple * last_level_cache_bytes(device)
     cap = device.free_memory_bytes() // 8
     nbytes = min(want, cap) if cap > 0 else want
-    return nbytes, "" if nbytes == want else f"bandwidth buffers capped at {nbytes / 2**20:.0f} MiB (1/8 of free memory), not {llc_multiple}x LLC"
+    if nbytes == want:
+        return nbytes, ""
+    return nbytes, f"bandwidth buffers capped at {nbytes / 2**20:.0f} MiB (1/8 of free memory), not {llc_multiple}x LLC"
 
 
 def bandwidth_buffers(device: Device, llc_multiple: int = 8) -> Buffers:
@@ -238,7 +241,8 @@ def matmul_peak_gflops(device: Device, dtype: str = "fp32", *, shapes=None, repe
     return best
 
 
-def l2_beating_arch(device: Device, llc_multiple: int = 32, dtype: str = "bfloat16", budget_frac: float = 0.25) -> str | None:
+def l2_beating_arch(device: Device, llc_multiple: int = 32, dtype: str = "bfloat16",
+                    budget_frac: float = 0.25) -> str | None:
     """`arch:NAME` of the smallest registry architecture whose `dtype` weights are >= llc_multiple x the
     device's last-level cache and fit in budget_frac of its free memory; None when none does.
 
@@ -251,7 +255,8 @@ def l2_beating_arch(device: Device, llc_multiple: int = 32, dtype: str = "bfloat
     return next((f"arch:{name}" for nbytes, name in sizes if want <= nbytes <= budget), None)
 
 
-def gpu_speed_model(requested: str, choice: str, device: Device, dtype: str = "bfloat16", llc_multiple: int = 32) -> tuple[str, str]:
+def gpu_speed_model(requested: str, choice: str, device: Device, dtype: str = "bfloat16",
+                    llc_multiple: int = 32) -> tuple[str, str]:
     """(the model a lab's speed part times, why: "" when it is `requested`).
 
     On a CPU, or with choice "same", it is `requested`. On a GPU, choice "auto" keeps `requested` when its
@@ -267,9 +272,10 @@ def gpu_speed_model(requested: str, choice: str, device: Device, dtype: str = "b
         return requested, ""
     arch = l2_beating_arch(device, llc_multiple, dtype)
     if arch is None:
-        return requested, f"{requested} (no registry shape of >= {llc_multiple}x the {l2 / 2**20:.0f} MiB L2 fits in memory: weights may sit in L2)"
-    return arch, (f"{arch} (random weights) instead of {requested}: the smallest registry shape whose {dtype} weights are "
-                  f">= {llc_multiple}x the {l2 / 2**20:.0f} MiB L2, so they are read from HBM")
+        return requested, (f"{requested} (no registry shape of >= {llc_multiple}x the {l2 / 2**20:.0f} MiB L2 fits in "
+                           "memory: weights may sit in L2)")
+    return arch, (f"{arch} (random weights) instead of {requested}: the smallest registry shape whose {dtype} weights "
+                  f"are >= {llc_multiple}x the {l2 / 2**20:.0f} MiB L2, so they are read from HBM")
 
 
 def ridge_point(peak_gflops: float, bandwidth_GBps: float) -> float:

@@ -39,7 +39,8 @@ def keep_torch_settings() -> Iterator[None]:
             setattr(obj, attr, saved[name])
 
 
-def time_fn(fn: Callable[[], object], device: Device, budget_s: float, setup: Callable[[], object] | None = None) -> Stats:
+def time_fn(fn: Callable[[], object], device: Device, budget_s: float,
+            setup: Callable[[], object] | None = None) -> Stats:
     """A warm-up call and a probe call, then as many timed calls as fit in budget_s (3..500).
 
     One sample per call, so per-call dispatch and launch overhead is in every sample: at small
@@ -53,17 +54,21 @@ def time_fn(fn: Callable[[], object], device: Device, budget_s: float, setup: Ca
         device.synchronize()
         probe = time.perf_counter() - t0
     repeats = int(min(500, max(3, budget_s / max(probe, 1e-6))))
-    return measure(fn, device, mode=LATENCY, warmup=0 if probe > 0.05 else 3, repeats=repeats, setup=setup, max_time_s=budget_s)  # a slow probe was warm-up enough
+    # a slow probe was warm-up enough
+    return measure(fn, device, mode=LATENCY, warmup=0 if probe > 0.05 else 3, repeats=repeats, setup=setup,
+                   max_time_s=budget_s)
 
 
-def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: float, setups: list[Callable[[], object]] | None = None) -> list[Stats]:
+def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: float,
+                     setups: list[Callable[[], object]] | None = None) -> list[Stats]:
     """Time several fns in alternation with core.timing.interleaved, ~budget_s each (3..500 rounds).
 
     On a shared machine a busy neighbour then slows every variant alike, so their ratio holds.
     `setups[i]` runs before each call of fns[i], outside the timed region.
     """
     setups = setups or [None] * len(fns)
-    probes = [time_fn(fn, device, budget_s / 10, setup=setup).median_s for fn, setup in zip(fns, setups, strict=True)]  # warm-up, estimate
+    # warm-up, estimate
+    probes = [time_fn(fn, device, budget_s / 10, setup=setup).median_s for fn, setup in zip(fns, setups, strict=True)]
     repeats = int(min(500, max(3, budget_s / max(max(probes), 1e-6))))
     names = {str(i): fn for i, fn in enumerate(fns)}
     done = interleaved(names, repeats, device, setups={str(i): st for i, st in enumerate(setups) if st},

@@ -32,7 +32,8 @@ def part_waves(res: LabResult, cfg: Config, gpu: Device | None, progress) -> Non
         a, out = a_all[:m], torch.empty(m, n, device=gpu.torch, dtype=torch.float16)
         st = time_fn(lambda a=a, out=out: torch.mm(a, b, out=out), gpu, cfg.budget_s)
         tiles = math.ceil(m / TILE) * (n // TILE)
-        rows.append({"M": m, "N": n, "K": k, "sms": sms, "tiles": tiles, "waves": tiles / sms, **stats_cols(st), "tflops": 2 * m * n * k / st.median_s / 1e12})
+        rows.append({"M": m, "N": n, "K": k, "sms": sms, "tiles": tiles, "waves": tiles / sms, **stats_cols(st),
+                     "tflops": 2 * m * n * k / st.median_s / 1e12})
     res.add_table("wave_quantization", wave_rows(rows, cfg.wave_step))
 
 
@@ -67,7 +68,8 @@ def tf32_setter(on: bool) -> Callable[[], None]:
 def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None) -> None:
     rows, sources = [], {}
     rates: dict[tuple[str, str, int], float] = {}  # (device, dtype, n) -> measured GFLOP/s
-    dtypes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False)}
+    dtypes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True), "bf16": (torch.bfloat16, False),
+              "fp16": (torch.float16, False)}
     for dev, n, names in ((cpu, cfg.tc_n_cpu, ("fp32", "bf16")), (gpu, cfg.tc_n_gpu, ("fp32", "tf32", "bf16", "fp16"))):
         if dev is None:
             continue
@@ -77,14 +79,17 @@ def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | No
         for fn, setup in zip(fns, setups, strict=True):
             setup()
             outs.append(fn().float())
-        stats = time_interleaved(fns, dev, cfg.budget_s, setups)  # interleaved: a busy neighbour slows every dtype alike
+        # interleaved: a busy neighbour slows every dtype alike
+        stats = time_interleaved(fns, dev, cfg.budget_s, setups)
         set_tf32(matmul=False)
         for name, st, out in zip(names, stats, outs, strict=True):
             gflops = 2 * n**3 / st.median_s / 1e9
             peak, source = peak_for(dev, name)
             rates[(dev.spec, name, n)] = gflops
-            rows.append({"device": dev.spec, "dtype": name, "n": n, **stats_cols(st), "gflops": gflops, "peak_gflops": peak, "pct_of_peak": _pct(gflops, peak),
-                         "speedup_vs_fp32": gflops / rates[(dev.spec, "fp32", n)], "rel_err_vs_fp32": rel_err(out, outs[0])})
+            rows.append({"device": dev.spec, "dtype": name, "n": n, **stats_cols(st), "gflops": gflops,
+                         "peak_gflops": peak, "pct_of_peak": _pct(gflops, peak),
+                         "speedup_vs_fp32": gflops / rates[(dev.spec, "fp32", n)],
+                         "rel_err_vs_fp32": rel_err(out, outs[0])})
             sources[dev.spec] = source
     res.add_table("tensor_cores", rows)
     res.env["lab"]["peak_sources"] = sources
@@ -93,13 +98,15 @@ def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | No
 # ---------------------------------------------------------------- part 4: launch overhead
 
 
-def launch_fns(dev: Device, bsz: int, n: int, seed: int) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
+def launch_fns(dev: Device, bsz: int, n: int,
+               seed: int) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
     """(B separate torch.mm calls, one torch.bmm) over the same (B, n, n) inputs; each returns its output."""
     gen = torch.Generator(device=dev.torch).manual_seed(seed)
     a = torch.randn(bsz, n, n, device=dev.torch, generator=gen)  # (B, n, n)
     b = torch.randn(bsz, n, n, device=dev.torch, generator=gen)  # (B, n, n)
     out_loop, out_bmm = torch.empty_like(a), torch.empty_like(a)
-    triples = list(zip(a.unbind(0), b.unbind(0), out_loop.unbind(0), strict=True))  # views made once, outside the timing
+    # views made once, outside the timing
+    triples = list(zip(a.unbind(0), b.unbind(0), out_loop.unbind(0), strict=True))
 
     def loop() -> torch.Tensor:
         for x, y, o in triples:
@@ -118,7 +125,8 @@ def part_launch(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, to
             ok = rel_err(loop(), bmm()) < 1e-5
             st_loop, st_bmm = time_interleaved([loop, bmm], dev, cfg.budget_s)
         for way, st in (("loop of mm", st_loop), ("one bmm", st_bmm)):
-            rows.append({"device": dev.spec, "threads": threads, "way": way, "count": bsz, "n": n, **stats_cols(st), "us_per_matmul": 1e3 * st.median_ms / bsz,
+            rows.append({"device": dev.spec, "threads": threads, "way": way, "count": bsz, "n": n, **stats_cols(st),
+                         "us_per_matmul": 1e3 * st.median_ms / bsz,
                          "gflops": 2 * bsz * n**3 / st.median_s / 1e9, "ok": ok})
     res.add_table("launch_overhead", rows)
 
@@ -157,11 +165,14 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None) -
         ok = rel_err(F.conv2d(xd[:2], wd, stride=c["stride"]), ref) < 1e-4
         n = cfg.tc_n_cpu if not dev.is_cuda else cfg.tc_n_gpu
         # the napkin's matmul rate is timed interleaved with the conv: a busy neighbour slows both alike
-        st, st_mm = time_interleaved([lambda xd=xd, wd=wd: F.conv2d(xd, wd, stride=c["stride"]), matmul_fn(dev, torch.float32, n, cfg.seed)], dev, cfg.budget_s)
+        conv = lambda xd=xd, wd=wd: F.conv2d(xd, wd, stride=c["stride"])  # noqa: E731
+        st, st_mm = time_interleaved([conv, matmul_fn(dev, torch.float32, n, cfg.seed)], dev, cfg.budget_s)
         mm = 2 * n**3 / st_mm.median_s / 1e9
         peak = peak_for(dev, "fp32")[0]
-        rows.append({"device": dev.spec, "threads": None if dev.is_cuda else torch.get_num_threads(), "batch": bsz, "gflop": flops / 1e9, **stats_cols(st),
-                     "gflops": flops / st.median_s / 1e9, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6, "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "ok": ok})
+        rows.append({"device": dev.spec, "threads": None if dev.is_cuda else torch.get_num_threads(), "batch": bsz,
+                     "gflop": flops / 1e9, **stats_cols(st),
+                     "gflops": flops / st.median_s / 1e9, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6,
+                     "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "ok": ok})
         peaks[dev.spec] = peak
     res.add_table("alexnet_conv1", rows)
     res.env["lab"]["gtx580_ms"] = flops / 1.58e12 * 1e3  # AlexNet's GTX 580 (1.58 TFLOP/s FP32) needed at least this
@@ -187,7 +198,8 @@ def pcie_GBps(gpu: Device) -> tuple[float | None, str]:
         return None, f"PCIe link unknown ({type(exc).__name__})"
 
 
-def copy_fn(direction: str, host: torch.Tensor, dev_buf: torch.Tensor, non_blocking: bool) -> Callable[[], torch.Tensor]:
+def copy_fn(direction: str, host: torch.Tensor, dev_buf: torch.Tensor,
+            non_blocking: bool) -> Callable[[], torch.Tensor]:
     """One copy; asynchronous only from pinned memory (the CUDA events still bracket it)."""
     if direction == "host->device":
         return lambda: dev_buf.copy_(host, non_blocking=non_blocking)
@@ -208,7 +220,8 @@ def part_copies(res: LabResult, cfg: Config, gpu: Device | None, progress) -> No
             for direction in ("host->device", "device->host"):
                 st = time_fn(copy_fn(direction, host, dev_buf, non_blocking=memory == "pinned"), gpu, cfg.budget_s)
                 bw = nbytes / st.median_s / 1e9
-                rows.append({"memory": memory, "direction": direction, "MiB": mb, **stats_cols(st), "GBps": bw, "link_GBps": link, "pct_of_link": _pct(bw, link)})
+                rows.append({"memory": memory, "direction": direction, "MiB": mb, **stats_cols(st), "GBps": bw,
+                             "link_GBps": link, "pct_of_link": _pct(bw, link)})
         del dev_buf, host
     res.add_table("copy_bandwidth", rows)
     res.env["lab"]["pcie"] = source

@@ -18,7 +18,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     cpu = resolve_device("cpu")
     gpu = device if device.is_cuda else None
     sweep = thread_counts(cfg.max_threads or cpu_cores()["logical"])
-    res.env["lab"] = {"cpu_isa": cpu_isa(), "cpu_cores": cpu_cores(), "thread_sweep": list(sweep), "gpu": gpu.spec if gpu else None}
+    res.env["lab"] = {"cpu_isa": cpu_isa(), "cpu_cores": cpu_cores(), "thread_sweep": list(sweep),
+                      "gpu": gpu.spec if gpu else None}
     load, usable = cpu_load()
     res.env["lab"]["loadavg_1min_at_start"] = load
     if load is not None and load >= 0.5 * usable:

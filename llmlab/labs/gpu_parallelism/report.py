@@ -40,7 +40,8 @@ def _launch_rows(df: pd.DataFrame) -> pd.DataFrame:
             continue  # a run stopped between the two
         loop, bmm = (float(g[g.way == w]["median_ms"].iloc[0]) for w in ("loop of mm", "one bmm"))
         overhead = 1e3 * (loop - bmm) / float(g["count"].iloc[0])
-        rows.append(dict(device=dev, threads=threads, loop_ms=loop, bmm_ms=bmm, speedup=loop / bmm, overhead_us=overhead))
+        rows.append(dict(device=dev, threads=threads, loop_ms=loop, bmm_ms=bmm, speedup=loop / bmm,
+                         overhead_us=overhead))
     return pd.DataFrame(rows)
 
 
@@ -48,9 +49,12 @@ def views(result: LabResult) -> list[View]:
     t, out = result.tables, []
     if "throughput_elementwise" in t:
         el = t["throughput_elementwise"]
-        out.append(View("1. The same work, four ways", "FMA out = a*b + c: G elements/s per way", "throughput_elementwise",
-                        (Col("size", "elements", "int"), *_way_cols(el, "")), rows=lambda df: _pivot(df, "gelems_per_s"),
-                        chart=Chart("FMA throughput vs size, one line per way", "throughput_elementwise", "size", "gelems_per_s", series="way",
+        out.append(View("1. The same work, four ways", "FMA out = a*b + c: G elements/s per way",
+                        "throughput_elementwise",
+                        (Col("size", "elements", "int"), *_way_cols(el, "")),
+                        rows=lambda df: _pivot(df, "gelems_per_s"),
+                        chart=Chart("FMA throughput vs size, one line per way", "throughput_elementwise", "size",
+                                    "gelems_per_s", series="way",
                                     logx=True, logy=True, xlabel="elements", ylabel="G elements/s")))
     if "throughput_matmul" in t:
         mm = t["throughput_matmul"]
@@ -62,25 +66,31 @@ def views(result: LabResult) -> list[View]:
                          Col("speedup", "speed-up", "x"), Col("efficiency_pct", "% of ideal", ".0f")),
                         rows=lambda df: df[(df.work != "ideal") & (df.threads == df.threads.max())]))
     if "wave_quantization" in t:
-        out.append(View("4. Wave quantization", "FP16 matmul, N = 128 x SMs: FLOP/s on both sides of each wave", "wave_quantization",
+        out.append(View("4. Wave quantization", "FP16 matmul, N = 128 x SMs: FLOP/s on both sides of each wave",
+                        "wave_quantization",
                         (Col("M", "M", "int"), Col("waves", "waves", ".2f"), Col("tflops", "TFLOP/s", ".1f"),
                          Col("drop", "drop", "%"), Col("at", "where", "text")), rows=_wave_rows))
     if "tensor_cores" in t:
         out.append(View("5. Tensor cores and BF16", "Matmul GFLOP/s per dtype, against the spec peak", "tensor_cores",
-                        (Col("device", "device", "text"), Col("dtype", "dtype", "text"), Col("n", "n", "int"), Col("gflops", "GFLOP/s", ".4g"),
+                        (Col("device", "device", "text"), Col("dtype", "dtype", "text"), Col("n", "n", "int"),
+                         Col("gflops", "GFLOP/s", ".4g"),
                          Col("pct_of_peak", "% of peak", ".0f"), Col("speedup_vs_fp32", "vs FP32", "x"))))
     if "launch_overhead" in t:
         out.append(View("6. Launch overhead", "B small matmuls one by one vs one batched bmm", "launch_overhead",
-                        (Col("device", "device", "text"), Col("threads", "threads", "int"), Col("loop_ms", "loop ms", ".3g"),
-                         Col("bmm_ms", "bmm ms", ".3g"), Col("speedup", "bmm speed-up", "x"), Col("overhead_us", "us per call", ".3g")),
+                        (Col("device", "device", "text"), Col("threads", "threads", "int"),
+                         Col("loop_ms", "loop ms", ".3g"), Col("bmm_ms", "bmm ms", ".3g"),
+                         Col("speedup", "bmm speed-up", "x"), Col("overhead_us", "us per call", ".3g")),
                         rows=_launch_rows))
     if "alexnet_conv1" in t:
-        out.append(View("7. AlexNet conv1", "96 filters 11x11 stride 4 on 227x227x3: measured vs FLOPs / matmul rate", "alexnet_conv1",
+        out.append(View("7. AlexNet conv1", "96 filters 11x11 stride 4 on 227x227x3: measured vs FLOPs / matmul rate",
+                        "alexnet_conv1",
                         (Col("device", "device", "text"), Col("batch", "batch", "int"), Col("median_ms", "ms", ".3g"),
-                         Col("napkin_ms", "napkin ms", ".3g"), Col("gflops", "GFLOP/s", ".4g"), Col("pct_of_peak", "% of peak", ".0f"))))
+                         Col("napkin_ms", "napkin ms", ".3g"), Col("gflops", "GFLOP/s", ".4g"),
+                         Col("pct_of_peak", "% of peak", ".0f"))))
     if "copy_bandwidth" in t:
         out.append(View("8. Host -> device copies", "GB/s of the largest copy, pinned vs pageable", "copy_bandwidth",
-                        (Col("memory", "memory", "text"), Col("direction", "direction", "text"), Col("MiB", "MiB", "int"),
+                        (Col("memory", "memory", "text"), Col("direction", "direction", "text"),
+                         Col("MiB", "MiB", "int"),
                          Col("GBps", "GB/s", ".3g"), Col("pct_of_link", "% of link", ".0f")),
                         rows=lambda df: df[(df["MiB"] == df["MiB"].max()) & (df.direction == "host->device")]))
     return out

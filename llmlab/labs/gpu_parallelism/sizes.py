@@ -12,7 +12,15 @@ from llmlab.core.results import LabResult
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
 from llmlab.core.timing import L2Flusher, Stats
 from llmlab.labs.gpu_parallelism.config import WORKS, Config, cpu_way
-from llmlab.labs.gpu_parallelism.harness import _pct, cpu_peak_gflops, rel_err, stats_cols, threads_setter, time_fn, time_interleaved
+from llmlab.labs.gpu_parallelism.harness import (
+    _pct,
+    cpu_peak_gflops,
+    rel_err,
+    stats_cols,
+    threads_setter,
+    time_fn,
+    time_interleaved,
+)
 
 # ---------------------------------------------------------------- part 1: the same work, four ways
 
@@ -119,10 +127,12 @@ def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, swe
 
                 if work_counts(work, size)["py_ops"] <= cfg.python_max_ops:
                     py = work_py(work, xs)
-                    rows.append(size_row(work, "python loop", size, time_fn(py, cpu, cfg.budget_s), matches(work, py(), ref), None, None))
+                    rows.append(size_row(work, "python loop", size, time_fn(py, cpu, cfg.budget_s),
+                                         matches(work, py(), ref), None, None))
                 threads = sweep if size == sizes[-1] else tuple(sorted({1, top}))
                 with torch_threads(torch.get_num_threads()):  # the thread count comes back afterwards
-                    stats = time_interleaved([fn] * len(threads), cpu, cfg.budget_s, [threads_setter(t) for t in threads])
+                    stats = time_interleaved([fn] * len(threads), cpu, cfg.budget_s,
+                                             [threads_setter(t) for t in threads])
                     oks = []
                     for t in threads:
                         torch.set_num_threads(t)
@@ -140,7 +150,8 @@ def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, swe
                     st = time_fn(gfn, gpu, cfg.budget_s, setup=flush)
                     rows.append(size_row(work, "gpu", size, st, matches(work, gfn(), ref), peak_g, peak_bw))
                     copies = work_with_copies(work, xs, gpu)
-                    rows.append(size_row(work, "gpu + copies", size, time_fn(copies, gpu, cfg.budget_s), matches(work, copies(), ref), peak_g, None))
+                    rows.append(size_row(work, "gpu + copies", size, time_fn(copies, gpu, cfg.budget_s),
+                                         matches(work, copies(), ref), peak_g, None))
                     del gxs, gfn
                 del xs, fn, ref
         finally:
@@ -152,7 +163,8 @@ def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, swe
         res.note(f"do NOT match the CPU reference: {', '.join(mismatches)}")
 
 
-def size_row(work: str, way: str, size: int, st: Stats, ok: bool, peak_gflops: float | None, peak_GBps: float | None) -> dict:
+def size_row(work: str, way: str, size: int, st: Stats, ok: bool, peak_gflops: float | None,
+             peak_GBps: float | None) -> dict:
     """One measurement of part 1: timing, throughput in three units, and the share of the FP32 / bandwidth peak.
 
     `ok`: the result matches the CPU reference. Bytes are the minimum moved (each input read once,
@@ -161,7 +173,8 @@ def size_row(work: str, way: str, size: int, st: Stats, ok: bool, peak_gflops: f
     c, s = work_counts(work, size), st.median_s
     gflops, gbps = c["flops"] / s / 1e9, c["bytes"] / s / 1e9
     return {
-        "way": way, "size": size, **stats_cols(st), "gelems_per_s": c["elements"] / s / 1e9, "gflops": gflops, "GBps": gbps,
+        "way": way, "size": size, **stats_cols(st), "gelems_per_s": c["elements"] / s / 1e9, "gflops": gflops,
+        "GBps": gbps,
         "pct_peak_flops": _pct(gflops, peak_gflops), "pct_peak_bw": _pct(gbps, peak_GBps), "ok": ok,
     }
 
@@ -172,8 +185,10 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         one = next(x for x in rows if x["work"] == r["work"] and x["threads"] == 1)
         sp = one["median_ms"] / r["median_ms"]
-        out.append({**r, "speedup": sp, "ideal_speedup": float(r["threads"]), "efficiency_pct": 100 * sp / r["threads"]})
-    out += [{"work": "ideal", "threads": t, "speedup": float(t), "ideal_speedup": float(t)} for t in sorted({r["threads"] for r in rows})]
+        out.append({**r, "speedup": sp, "ideal_speedup": float(r["threads"]),
+                    "efficiency_pct": 100 * sp / r["threads"]})
+    out += [{"work": "ideal", "threads": t, "speedup": float(t),
+             "ideal_speedup": float(t)} for t in sorted({r["threads"] for r in rows})]
     return out
 
 

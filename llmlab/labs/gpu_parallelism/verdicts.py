@@ -42,7 +42,8 @@ def judge(result: LabResult) -> list[Claim]:
 
 
 def _python_claim(el: pd.DataFrame) -> Claim:
-    cid, text = "gpu_parallelism.python_loop_vs_vectorised", "a Python loop is >= 100x slower than one vectorised thread"
+    cid = "gpu_parallelism.python_loop_vs_vectorised"
+    text = "a Python loop is >= 100x slower than one vectorised thread"
     py = el[el.way == "python loop"]
     if py.empty:
         return Claim(cid, text, ">= 100x", "-", None, "the loop was not run (python_max_ops)")
@@ -59,8 +60,10 @@ def _scaling_claims(sc: pd.DataFrame, top: int) -> list[Claim]:
     at = {w: sc[(sc.work == w) & (sc.threads == top)].iloc[0] for w in WORKS}
     eff = {w: float(r["efficiency_pct"]) for w, r in at.items()}
     spd = {w: float(r["speedup"]) for w, r in at.items()}
-    return [Claim(ids[0], texts[0], f">= 75% of ideal ({top}x)", f"{spd['matmul']:.2f}x ({eff['matmul']:.0f}% of ideal)", eff["matmul"] >= 75),
-            Claim(ids[1], texts[1], "FMA's % of ideal < matmul's", f"FMA {spd['elementwise']:.2f}x, matmul {spd['matmul']:.2f}x",
+    return [Claim(ids[0], texts[0], f">= 75% of ideal ({top}x)",
+                  f"{spd['matmul']:.2f}x ({eff['matmul']:.0f}% of ideal)", eff["matmul"] >= 75),
+            Claim(ids[1], texts[1], "FMA's % of ideal < matmul's",
+                  f"FMA {spd['elementwise']:.2f}x, matmul {spd['matmul']:.2f}x",
                   eff["elementwise"] < eff["matmul"])]
 
 
@@ -99,9 +102,10 @@ def _compact(n: int) -> str:
 
 
 def wave_claim(wq: pd.DataFrame | None, min_drop: float = 0.05) -> Claim:
-    """The saw-tooth, as a test that can fail: drops > 5% must sit at the predicted wave boundaries (within one sweep step), and at
-    least half of the boundaries must show one; a drop anywhere else refutes the saw-tooth."""
-    cid, text = "gpu_parallelism.wave_quantization", f"matmul FLOP/s drops > {100 * min_drop:.0f}% just past each full wave"
+    """The saw-tooth, as a test that can fail: drops > 5% must sit at the predicted wave boundaries (within one
+    sweep step), and at least half of the boundaries must show one; a drop anywhere else refutes the saw-tooth."""
+    cid = "gpu_parallelism.wave_quantization"
+    text = f"matmul FLOP/s drops > {100 * min_drop:.0f}% just past each full wave"
     expected = f"drops only within a step of M = {TILE}w, at >= half of them"
     if wq is None or wq.empty:
         return Claim(cid, text, expected, "-", None, "no GPU")
@@ -121,7 +125,8 @@ def _tensor_claims(tc: pd.DataFrame, isa: dict) -> list[Claim]:
     p32, pb = (cpu[cpu.dtype == d]["peak_gflops"].iloc[0] for d in ("fp32", "bf16"))
     unit = "AMX" if isa.get("amx_bf16") else ("AVX512_BF16" if isa.get("avx512_bf16") else "no BF16 unit")
     out = [Claim("gpu_parallelism.cpu_bf16_beats_fp32", f"BF16 matmul beats FP32 on this CPU ({unit})",
-                 f"> 1.05x (spec peaks: {pb / p32:.0f}x)" if p32 and pb and not pd.isna(p32) else "> 1.05x (only with BF16 hardware)",
+                 f"> 1.05x (spec peaks: {pb / p32:.0f}x)" if p32 and pb and not pd.isna(p32)
+                 else "> 1.05x (only with BF16 hardware)",
                  f"{r:.2f}x (n = {int(cpu['n'].iloc[0])})", r > 1.05)]
     gpu = tc[tc.device != "cpu"]
     text = "tensor cores: BF16 >= 4x, TF32 >= 1.5x strict FP32"
@@ -129,7 +134,8 @@ def _tensor_claims(tc: pd.DataFrame, isa: dict) -> list[Claim]:
         return out + [Claim("gpu_parallelism.tensor_cores", text, "BF16 >= 4x, TF32 >= 1.5x", "-", None, "no GPU")]
     sp = {d: float(gpu[gpu.dtype == d]["speedup_vs_fp32"].iloc[0]) for d in ("bf16", "tf32")}
     pk = {d: gpu[gpu.dtype == d]["peak_gflops"].iloc[0] for d in ("fp32", "tf32", "bf16")}
-    spec = f" (spec: {pk['bf16'] / pk['fp32']:.0f}x, {pk['tf32'] / pk['fp32']:.0f}x)" if all(v and not pd.isna(v) for v in pk.values()) else ""
+    known = all(v and not pd.isna(v) for v in pk.values())
+    spec = f" (spec: {pk['bf16'] / pk['fp32']:.0f}x, {pk['tf32'] / pk['fp32']:.0f}x)" if known else ""
     exp = f"BF16 >= 4x, TF32 >= 1.5x{spec}"
     return out + [Claim("gpu_parallelism.tensor_cores", text, exp, f"BF16 {sp['bf16']:.1f}x, TF32 {sp['tf32']:.1f}x",
                         sp["bf16"] >= 4 and sp["tf32"] >= 1.5)]
@@ -149,7 +155,8 @@ def _launch_claims(lo: pd.DataFrame) -> list[Claim]:
             ratio = _ms(g, way="loop of mm") / _ms(g, way="one bmm")
             ok &= ratio >= 2
             parts.append(f"{ratio:.2g}x" + ("" if pd.isna(threads) else f" at {int(threads)}t"))
-        exp = ">= 2x at every thread count (the loop pays B dispatches of 1-5 us)" if where == "CPU" else ">= 2x (the loop pays B launches of ~5 us)"
+        exp = (">= 2x at every thread count (the loop pays B dispatches of 1-5 us)" if where == "CPU"
+               else ">= 2x (the loop pays B launches of ~5 us)")
         out.append(Claim(cid, text, exp, ", ".join(parts), ok))
     return out
 
@@ -158,20 +165,23 @@ def _alexnet_claims(ax: pd.DataFrame) -> list[Claim]:
     r = ax[ax.device == "cpu"].iloc[0]
     ratio = float(r["median_ms"]) / float(r["napkin_ms"])
     out = [Claim("gpu_parallelism.alexnet_conv1_is_matmul", "AlexNet conv1 takes its FLOPs / the matmul rate (CPU)",
-                 f"within 0.5-2x of {float(r['napkin_ms']):.0f} ms", f"{float(r['median_ms']):.0f} ms ({ratio:.2f}x napkin)", 0.5 <= ratio <= 2)]
+                 f"within 0.5-2x of {float(r['napkin_ms']):.0f} ms",
+                 f"{float(r['median_ms']):.0f} ms ({ratio:.2f}x napkin)", 0.5 <= ratio <= 2)]
     text = f"the GPU runs AlexNet conv1 >= 10x faster than the CPU (batch {int(r['batch'])})"
     g = ax[ax.device != "cpu"]
     if g.empty:
         return out + [Claim("gpu_parallelism.alexnet_gpu_10x", text, ">= 10x", "-", None, "no GPU")]
     sp = float(r["median_ms"]) / float(g["median_ms"].iloc[0])
-    return out + [Claim("gpu_parallelism.alexnet_gpu_10x", text, ">= 10x", f"{sp:.0f}x ({float(g['median_ms'].iloc[0]):.2f} ms)", sp >= 10)]
+    return out + [Claim("gpu_parallelism.alexnet_gpu_10x", text, ">= 10x",
+                        f"{sp:.0f}x ({float(g['median_ms'].iloc[0]):.2f} ms)", sp >= 10)]
 
 
 def _copy_claim(cb: pd.DataFrame | None) -> Claim:
     cid, text = "gpu_parallelism.pinned_beats_pageable", "pinned host memory copies >= 1.1x faster than pageable"
     if cb is None or cb.empty:
         return Claim(cid, text, "pinned > 1.1x pageable", "-", None, "no GPU")
-    big = cb[(cb.direction == "host->device") & (cb["MiB"] == cb["MiB"].max())]  # the largest copy: bandwidth, not latency
+    # the largest copy: bandwidth, not latency
+    big = cb[(cb.direction == "host->device") & (cb["MiB"] == cb["MiB"].max())]
     best = big.groupby("memory")["GBps"].max()
     link = cb["link_GBps"].iloc[0]
     exp = "pinned > 1.1x pageable" + (f" (link {float(link):.0f} GB/s)" if link and not pd.isna(link) else "")

@@ -20,7 +20,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class Config:
-    """One request, two personalities: prefill (reading the prompt, math-bound) vs decode (writing the reply, fetching data).
+    """
+    One request, two personalities: prefill (reading the prompt, math-bound), decode (writing the reply, fetching data).
 
     A prefill pushes all T prompt tokens through each weight at once; a decode step pushes one token through every
     weight. This lab times both on your device (tokens/s and the ratio), counts their FLOPs and bytes from the
@@ -34,7 +35,8 @@ class Config:
 
     # the built-in, and a real shape 85x its size (random weights)
     models: tuple[str, ...] = opt(("tiny", "arch:qwen2.5-0.5b"), help="Models to time (repeatable); the first also "
-                                  "gets parts 3-6. arch:NAME = random weights, timing only.", flag="--model", short="-m")
+                                  "gets parts 3-6. arch:NAME = random weights, timing only.", flag="--model",
+                                  short="-m")
     # 16 ... 4096, x4 apart: short chats to long documents
     prompt_lens: tuple[int, ...] = opt((16, 64, 256, 1024, 4096), help="Prompt lengths T, comma-separated; lengths "
                                        "beyond a model's context are clamped away with a note.")
@@ -59,7 +61,8 @@ class Config:
     share_repeats: int = opt(2, help="Whole generations timed per reply length of the decode-share part (>= 1).")
     # 0 = the spec links
     link_GBps: float = opt(0.0, help="Link bandwidth (GB/s, one direction) that moves the KV in the hand-off part "
-                                     "(0 = the spec values of PCIe 4.0 x16, 32, and NVLink 4, 450).", flag="--link-GBps")
+                                     "(0 = the spec values of PCIe 4.0 x16, 32, and NVLink 4, 450).",
+                                     flag="--link-GBps")
     # one thread waits on nobody
     threads: int = opt(0, help="torch CPU threads for roofs and model alike (0 = torch's, or 1 when the CPU is "
                                "oversubscribed).")

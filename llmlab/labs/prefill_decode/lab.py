@@ -42,10 +42,12 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         raise UsageError("--dtype float16 on a CPU: no FP16 matmul path to measure; use float32 or bfloat16")
     elem = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
     configs = {ref: load_config(ref) for ref in cfg.models}  # a bad --model fails here, before any measuring
-    plan = {ref: lengths_for(cfg, ref, int(getattr(c, "max_position_embeddings", 2048)), res) for ref, c in configs.items()}
+    plan = {ref: lengths_for(cfg, ref, int(getattr(c, "max_position_embeddings", 2048)), res)
+            for ref, c in configs.items()}
     if not plan[cfg.models[0]]:
         raise UsageError(f"--prompt-lens {','.join(map(str, cfg.prompt_lens))}: every length is beyond "
-                         f"{cfg.models[0]}'s context ({configs[cfg.models[0]].max_position_embeddings} with the replies)")
+                         f"{cfg.models[0]}'s context ({configs[cfg.models[0]].max_position_embeddings} "
+                         "with the replies)")
     threads = pick_threads(cfg, device)
     gen = torch.Generator().manual_seed(cfg.seed)
     sw = Stopwatch(device)
@@ -71,7 +73,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
                 phases += rows
                 res.add_table("phases", pd.DataFrame(phases))
                 inten.append(intensity_rows(pd.DataFrame(rows), peak, bw))
-                floors.append(decode_floor_row(cfg, device, lm, shape, elem, dtype, min(plan[ref]), rows, peak, bw, gen))
+                floors.append(decode_floor_row(cfg, device, lm, shape, elem, dtype, min(plan[ref]), rows, peak,
+                                               bw, gen))
             with sw.phase(f"flop count {ref}"):
                 checks += flop_check_rows(lm, shape, plan[ref])
             if i == 0:  # the crossover, E2E, the decode share and the hand-off on the first (built-in) model

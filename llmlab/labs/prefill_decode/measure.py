@@ -81,15 +81,18 @@ def measure_roofs(cfg: Config, device: Device, dtype: str, threads: int) -> pd.D
     spec = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
     roofs.warm_up(device)
     bufs = roofs.bandwidth_buffers(device, roof_llc_multiple(cfg, device))
-    bws = [roofs.measure_bandwidth(device, k, bufs=bufs, blocks=cfg.roof_blocks, threads=threads) for k in ("read", "triad")]
+    bws = [roofs.measure_bandwidth(device, k, bufs=bufs, blocks=cfg.roof_blocks, threads=threads)
+           for k in ("read", "triad")]
     del bufs
-    shapes = (roofs.GPU_SHAPES if device.is_cuda else roofs.CPU_SHAPES[1:])[:cfg.roof_shapes]  # CPU: 4-8 GFLOP, ~0.2 s each
+    # CPU: 4-8 GFLOP, ~0.2 s each
+    shapes = (roofs.GPU_SHAPES if device.is_cuda else roofs.CPU_SHAPES[1:])[:cfg.roof_shapes]
     peak = roofs.matmul_peak_gflops(device, spec, shapes=shapes, repeats=cfg.roof_repeats, threads=threads)
     bw = max(bws, key=lambda b: b.median_GBps)
     return pd.DataFrame([
         dict(roof="bandwidth", value=bw.median_GBps, unit="GB/s",
              how=f"STREAM {bw.kernel}, {bw.buffer_bytes / 2**20:.0f} MiB buffers, {threads} threads"),
-        dict(roof="compute", value=peak, unit="GFLOP/s", how=f"{spec} matmul, best median of {len(shapes)} shapes, {threads} threads"),
+        dict(roof="compute", value=peak, unit="GFLOP/s",
+             how=f"{spec} matmul, best median of {len(shapes)} shapes, {threads} threads"),
         dict(roof="ridge", value=roofs.ridge_point(peak, bw.median_GBps), unit="FLOP/byte", how="peak / bandwidth"),
         dict(roof="last-level cache", value=last_level_cache_bytes(device) / 2**20, unit="MiB", how="device card"),
     ])
@@ -115,6 +118,7 @@ def lengths_for(cfg: Config, ref: str, max_pos: int, res: LabResult) -> list[int
     lens = sorted({int(t) for t in cfg.prompt_lens if t <= cap})
     dropped = sorted({int(t) for t in cfg.prompt_lens if t > cap})
     if dropped:
-        why = f"arch: shapes are timed up to {cap}" if cap < max_pos - room else f"context {max_pos} minus {room} reply tokens"
+        why = (f"arch: shapes are timed up to {cap}" if cap < max_pos - room
+               else f"context {max_pos} minus {room} reply tokens")
         res.note(f"{ref}: T = {', '.join(map(str, dropped))} clamped away ({why})")
     return lens

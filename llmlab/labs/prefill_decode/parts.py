@@ -23,7 +23,8 @@ def measure_phases(cfg, device, lm, shape, elem, lens, gen, progress) -> list[di
         p = time_prefill(lm.model, t, device, cfg, gen)
         d = time_decode(lm.model, t, 1, device, cfg, gen)
         pc, dc = prefill_cost(shape, t, 1, elem), decode_cost(shape, t, 1, elem)
-        rows.append(dict(model=lm.ref, tokens=t, prefill_ms=p.median_ms, prefill_p10_ms=p.p10_ms, prefill_p90_ms=p.p90_ms,
+        rows.append(dict(model=lm.ref, tokens=t, prefill_ms=p.median_ms, prefill_p10_ms=p.p10_ms,
+                         prefill_p90_ms=p.p90_ms,
                          decode_ms=d.median_ms, decode_p10_ms=d.p10_ms, decode_p90_ms=d.p90_ms,
                          prefill_tok_s=t / p.median_s, decode_tok_s=1 / d.median_s,
                          prefill_ms_per_token=p.median_ms / t, ratio=(t / p.median_s) * d.median_s,
@@ -46,14 +47,16 @@ def intensity_rows(phases: pd.DataFrame, peak: float, bw: float) -> pd.DataFrame
 
 
 def flop_check_rows(lm, shape, lens) -> list[dict]:
-    """The formula (dense attention, as the counter counts it) against FlopCounterMode: the longest prefill, its decode step.
+    """The formula (dense attention, as the counter counts it) against FlopCounterMode: the longest prefill, its
+    decode step.
 
     Random-weight arch: models are counted on the meta device (the same ops, seconds instead of a real forward)."""
     t = max(lens)
     rows = []
     for phase, tokens, context, formula in (("prefill", t, 0, prefill_cost(shape, t, causal=False).flops),
                                             ("decode", 1, t, decode_cost(shape, t).flops)):
-        counted = counted_flops(lm.config if lm.timing_only else lm.model, tokens, context)  # arch: on meta, no arithmetic
+        # arch: on meta, no arithmetic
+        counted = counted_flops(lm.config if lm.timing_only else lm.model, tokens, context)
         total = sum(counted.values())
         rows.append(dict(model=lm.ref, phase=phase, tokens=t, formula_flops=formula, counted_flops=total,
                          ratio=total / formula, counted_ops=", ".join(sorted(counted))))
@@ -61,12 +64,14 @@ def flop_check_rows(lm, shape, lens) -> list[dict]:
 
 
 def decode_floor_row(cfg, device, lm, shape, elem, dtype, context, phases: list[dict], peak, bw, gen) -> dict:
-    """What bounds a batch-1 decode step: the shrunk twin's time (per-step overhead), the DRAM roof, the compute roof."""
+    """What bounds a batch-1 decode step: the shrunk twin's time (per-step overhead), the DRAM roof, the compute
+    roof."""
     twin = overhead_twin(lm.config, device, dtype)
     s = time_decode(twin, context, 1, device, cfg, gen)
     c = decode_cost(shape, context, 1, elem)
     measured = next(r["decode_ms"] for r in phases if r["tokens"] == context)
-    return dict(model=lm.ref, tokens=context, measured_ms=measured, overhead_ms=s.median_ms, memory_ms=c.bytes / bw / 1e6,
+    return dict(model=lm.ref, tokens=context, measured_ms=measured, overhead_ms=s.median_ms,
+                memory_ms=c.bytes / bw / 1e6,
                 compute_ms=c.flops / peak / 1e6, weights_MiB=c.weight_bytes / 2**20, kv_MiB=c.kv_bytes / 2**20,
                 llc_MiB=last_level_cache_bytes(device) / 2**20)
 
@@ -105,7 +110,7 @@ def time_reply(device: Device, model, ids, n: int, repeats: int) -> tuple[list[f
     """(TTFT, ITL and whole-generation times in ms) of an n-token reply to `ids`, timed in turn: a prefill, n - 1
     single decode steps on its cache (the contexts the reply's steps see), then one whole generation; `repeats`
     rounds after a warm-up round, so that a change in machine load moves parts and whole alike."""
-    first = lambda ids, cache: prefill(model, ids, cache).argmax(-1)  # noqa: E731  (TTFT: the prefill's logits pick token 1)
+    first = lambda ids, cache: prefill(model, ids, cache).argmax(-1)  # noqa: E731  (TTFT: token 1 from the logits)
     step = lambda tok, cache: decode_one_token(model, tok, cache).argmax(-1)  # noqa: E731  (ITL)
     tok = ids[:, -1:]  # (1, 1)
     ttft, itl, whole = [], [], []
@@ -167,7 +172,8 @@ def measure_decode_share(cfg, device, lm, replies: list[int], gen, progress) -> 
 def decode_share_row(ref: str, t: int, n: int, ttft_ms: float, itl_ms: float, whole_ms: float, repeats: int) -> dict:
     """One reply length of the decode-share part: the share predicted from TTFT and ITL, and the timed whole's."""
     pred = ttft_ms + (n - 1) * itl_ms
-    return dict(model=ref, tokens=t, new_tokens=n, ttft_ms=ttft_ms, itl_ms=itl_ms, predicted_e2e_ms=pred, measured_e2e_ms=whole_ms, error=pred / whole_ms - 1,
+    return dict(model=ref, tokens=t, new_tokens=n, ttft_ms=ttft_ms, itl_ms=itl_ms, predicted_e2e_ms=pred,
+                measured_e2e_ms=whole_ms, error=pred / whole_ms - 1,
                 predicted_share=(n - 1) * itl_ms / pred, measured_share=1 - ttft_ms / whole_ms, repeats=repeats)
 
 
@@ -179,13 +185,15 @@ def disagg_rows(cfg, phases: list[dict], shape, elem) -> pd.DataFrame:
         kv = kv_bytes(shape, r["tokens"], elem)
         for name, gbps in links:
             ms = kv / gbps / 1e6
-            rows.append(dict(model=r["model"], tokens=r["tokens"], link=name, link_GBps=gbps, kv_bytes=kv, transfer_ms=ms,
+            rows.append(dict(model=r["model"], tokens=r["tokens"], link=name, link_GBps=gbps, kv_bytes=kv,
+                             transfer_ms=ms,
                              transfer_us=1e3 * ms, prefill_ms=r["prefill_ms"], itl_ms=r["decode_ms"],
                              transfer_over_prefill=ms / r["prefill_ms"], transfer_over_itl=ms / r["decode_ms"]))
     return pd.DataFrame(rows)
 
 
-def chart_tables(phases: pd.DataFrame, inten: pd.DataFrame, peak: float, bw: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+def chart_tables(phases: pd.DataFrame, inten: pd.DataFrame, peak: float,
+                 bw: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Long tables for the two charts: tokens/s per (model, phase) vs T; the roof line and both phases' points."""
     many = phases["model"].nunique() > 1
     name = lambda m, p: f"{m} {p}" if many else p  # noqa: E731
@@ -193,6 +201,8 @@ def chart_tables(phases: pd.DataFrame, inten: pd.DataFrame, peak: float, bw: flo
            for ph in ("prefill", "decode") for r in phases.itertuples()]
     lo = min(float(inten["intensity"].min()), peak / bw) / 4
     hi = max(float(inten["intensity"].max()), peak / bw) * 4
-    roof = [dict(series="measured roof", intensity=x, gflops=min(peak, x * bw)) for x in (lo * (hi / lo) ** (i / 40) for i in range(41))]
-    pts = [dict(series=name(r.model, r.phase), intensity=r.intensity, gflops=r.achieved_gflops) for r in inten.itertuples()]
+    grid = (lo * (hi / lo) ** (i / 40) for i in range(41))
+    roof = [dict(series="measured roof", intensity=x, gflops=min(peak, x * bw)) for x in grid]
+    pts = [dict(series=name(r.model, r.phase), intensity=r.intensity, gflops=r.achieved_gflops)
+           for r in inten.itertuples()]
     return pd.DataFrame(tps), pd.DataFrame(roof + pts)

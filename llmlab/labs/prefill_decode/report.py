@@ -18,8 +18,10 @@ def views(result: LabResult) -> list[View]:
     links = list(dict.fromkeys(zip(dis["link"], dis["link_GBps"], strict=True))) if dis is not None and len(dis) else []
     model = (Col("model", "model", "text", 12),) if many else ()
     return [
-        View("1. The two phases timed", "How many tokens/s does reading the prompt make, and writing the reply?", "phases",
-             (*model, Col("tokens", "T", "int"), Col("prefill_ms", "prefill ms"), Col("prefill_tok_s", "prefill tok/s", "int"),
+        View("1. The two phases timed", "How many tokens/s does reading the prompt make, and writing the reply?",
+             "phases",
+             (*model, Col("tokens", "T", "int"), Col("prefill_ms", "prefill ms"),
+              Col("prefill_tok_s", "prefill tok/s", "int"),
               Col("decode_ms", "decode ms/token"), Col("decode_tok_s", "decode tok/s", ".1f"),
               Col("ratio", "prefill / decode", "x")),
              chart=Chart("tokens/s vs T (log-log)", "tokens_chart", "tokens", "tok_s", kind="line", series="series",
@@ -34,10 +36,13 @@ def views(result: LabResult) -> list[View]:
                          xlabel="FLOP/byte (log)", ylabel="GFLOP/s (log)")),
         View("3. Where the crossover is", "At which decode batch does the step stop being flat (compute-bound)?",
              "crossover", (Col("batch", "batch", "int"), Col("ms", "ms / step"), Col("tok_s", "tok/s", "int"),
-                           Col("intensity", "FLOP/byte"), Col("share_of_peak", "% of peak", "%"), Col("roof_ms", "roof ms"))),
-        View("4. The two numbers: TTFT and ITL", "Does E2E = TTFT + (n - 1) x ITL, from the parts, match the whole?", "e2e",
-             (Col("tokens", "T", "int"), Col("new_tokens", "n", "int"), Col("ttft_ms", "TTFT ms"), Col("itl_ms", "ITL ms"),
-              Col("predicted_e2e_ms", "E2E pred. ms"), Col("measured_e2e_ms", "E2E ms"), Col("error", "error", "%"))),
+                           Col("intensity", "FLOP/byte"), Col("share_of_peak", "% of peak", "%"),
+                           Col("roof_ms", "roof ms"))),
+        View("4. The two numbers: TTFT and ITL", "Does E2E = TTFT + (n - 1) x ITL, from the parts, match the whole?",
+             "e2e",
+             (Col("tokens", "T", "int"), Col("new_tokens", "n", "int"), Col("ttft_ms", "TTFT ms"),
+              Col("itl_ms", "ITL ms"), Col("predicted_e2e_ms", "E2E pred. ms"), Col("measured_e2e_ms", "E2E ms"),
+              Col("error", "error", "%"))),
         View("5. Disaggregation, napkin form", "What does moving one request's KV cost next to its prefill? (links: "
              + ", ".join(f"{name} {gbps:g} GB/s" for name, gbps in links) + ")", "disagg",
              (Col("tokens", "T", "int"), Col("kv_bytes", "KV bytes", "int"),
@@ -94,7 +99,8 @@ def figures(result: LabResult) -> list[tuple[str, object]]:
         for model, g in ph.groupby("model", sort=False):
             ax.plot(g["tokens"], g["prefill_ms"], "o-", label=f"{model} TTFT (prefill)")
             ax.plot(g["tokens"], g["decode_ms"], "s--", label=f"{model} ITL (decode step)")
-        ax.set(xscale="log", yscale="log", xlabel="prompt length T (tokens)", ylabel="ms", title="TTFT grows with T, ITL barely")
+        ax.set(xscale="log", yscale="log", xlabel="prompt length T (tokens)", ylabel="ms",
+               title="TTFT grows with T, ITL barely")
         ax.legend(fontsize=8)
         out.append(("TTFT and ITL vs prompt length", fig))
     cx = result.tables.get("crossover")
@@ -105,7 +111,8 @@ def figures(result: LabResult) -> list[tuple[str, object]]:
         b = float(cx["formula_crossover"].iloc[0])
         if math.isfinite(b):
             ax.axvline(b, color="grey", linestyle="--", label=f"formula crossover B ~{b:.0f}")
-        ax.set(xscale="log", yscale="log", xlabel="decode batch B", ylabel="ms per step", title="where decode turns compute-bound")
+        ax.set(xscale="log", yscale="log", xlabel="decode batch B", ylabel="ms per step",
+               title="where decode turns compute-bound")
         ax.legend(fontsize=8)
         out.append(("decode batch crossover", fig))
     return out

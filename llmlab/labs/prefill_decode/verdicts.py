@@ -24,7 +24,8 @@ def judge(result: LabResult) -> list[Claim]:
     """Pure: every verdict from result.tables alone."""
     T = result.tables
     claims = []
-    has = {n for n, t in T.items() if not empty_table(t)}  # a part not measured (or cut short by Ctrl-C) gives no verdict
+    # a part not measured (or cut short by Ctrl-C) gives no verdict
+    has = {n for n, t in T.items() if not empty_table(t)}
     if not {"roofs", "intensity"} <= has:
         return claims + _later_claims(T, has, None)
     inten = _first_model(T["intensity"])
@@ -36,7 +37,8 @@ def judge(result: LabResult) -> list[Claim]:
 
     # 1. prefill: above the ridge and at least half the compute roof
     holds = pre["intensity"] > ridge and pre["share_of_peak"] >= BOUND_SHARE
-    claims.append(Claim("prefill_decode.prefill_compute_bound", f"prefill ({m}, T={int(pre['tokens'])}) is compute-bound",
+    claims.append(Claim("prefill_decode.prefill_compute_bound",
+                        f"prefill ({m}, T={int(pre['tokens'])}) is compute-bound",
                         f"> ridge {ridge:.1f} FLOP/B, >= {BOUND_SHARE:.0%} of peak",
                         f"{pre['intensity']:.0f} FLOP/B, {pre['share_of_peak']:.0%} of {peak:.0f} GFLOP/s", holds,
                         note="" if holds else _why_not_compute(pre, ridge)))
@@ -45,7 +47,8 @@ def judge(result: LabResult) -> list[Claim]:
     holds = dec["intensity"] < ridge and dec["share_of_bandwidth"] >= BOUND_SHARE
     claims.append(Claim("prefill_decode.decode_memory_bound", f"decode ({m}, batch 1) is memory-bound",
                         f"< ridge {ridge:.1f} FLOP/B, >= {BOUND_SHARE:.0%} of {bw:.1f} GB/s",
-                        f"{dec['intensity']:.2f} FLOP/B, {dec['share_of_bandwidth']:.0%} ({dec['achieved_GBps']:.2f} GB/s)",
+                        f"{dec['intensity']:.2f} FLOP/B, {dec['share_of_bandwidth']:.0%} "
+                        f"({dec['achieved_GBps']:.2f} GB/s)",
                         holds, note=_decode_bound(T, m)))
 
     # 3. tokens/s ratio: at least half the roofline's (decode on the bandwidth roof, prefill on its roof)
@@ -56,7 +59,8 @@ def judge(result: LabResult) -> list[Claim]:
                             f"prefill makes far more tokens/s than decode (T={int(ph['tokens'])})",
                             f">= 0.5x the roofline's {napkin:.1f}x, i.e. >= {0.5 * napkin:.1f}x",
                             f"{ph['ratio']:.0f}x ({ph['prefill_tok_s']:.0f} vs {ph['decode_tok_s']:.1f} tok/s)",
-                            ph["ratio"] >= 0.5 * napkin, note="under half the roofline's ratio: prefill runs far below its roof"))
+                            ph["ratio"] >= 0.5 * napkin,
+                            note="under half the roofline's ratio: prefill runs far below its roof"))
     return claims + _later_claims(T, has, ridge)
 
 
@@ -88,7 +92,8 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
     if e2e is not None and len(e2e):
         w = e2e.loc[e2e["error"].abs().idxmax()]
         claims.append(Claim("prefill_decode.e2e_from_parts", "E2E = TTFT + (n - 1) x ITL, from the parts",
-                            f"every (T, n) within {E2E_TOL:.0%}", f"worst {w['error']:+.1%} (T={int(w['tokens'])}, n={int(w['new_tokens'])})",
+                            f"every (T, n) within {E2E_TOL:.0%}",
+                            f"worst {w['error']:+.1%} (T={int(w['tokens'])}, n={int(w['new_tokens'])})",
                             abs(w["error"]) <= E2E_TOL, note="parts and whole timed apart: a busy CPU moves them"))
 
     # 7. the FLOP formula against FlopCounterMode
@@ -96,15 +101,19 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
         fc = T["flop_check"]
         w = fc.loc[(fc["ratio"] - 1).abs().idxmax()]
         claims.append(Claim("prefill_decode.flops_formula", "FLOPs from the shape = FlopCounterMode's count",
-                            f"both phases within {FLOP_TOL:.0%}", f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
+                            f"both phases within {FLOP_TOL:.0%}",
+                            f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
                             abs(w["ratio"] - 1) <= FLOP_TOL, note="the formula misses (or adds) an op the model runs"))
 
     # 8. disaggregation: moving the KV costs less than recomputing it; the interference it removes is not measured
     dis = T.get("disagg")
     if dis is not None and len(dis):
         w = dis.loc[dis["transfer_over_prefill"].idxmax()]
-        claims.append(Claim("prefill_decode.kv_move_cheaper_than_prefill", "moving a request's KV costs less than its prefill",
-                            "every T and link < 1x its prefill", f"worst {w['transfer_over_prefill']:.1e}x prefill (T={int(w['tokens'])}, {w['link'].split()[0]})",
+        claims.append(Claim("prefill_decode.kv_move_cheaper_than_prefill",
+                            "moving a request's KV costs less than its prefill",
+                            "every T and link < 1x its prefill",
+                            f"worst {w['transfer_over_prefill']:.1e}x prefill (T={int(w['tokens'])}, "
+                            f"{w['link'].split()[0]})",
                             w["transfer_over_prefill"] < 1, note="this link is slower than recomputing the prompt"))
 
     # 9. decode's share of a whole generation at long replies
@@ -115,7 +124,8 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
 def _why_not_compute(pre, ridge) -> str:
     if pre["intensity"] <= ridge:
         return "below the ridge: by the formula memory bounds it"
-    return f"above the ridge but at {pre['share_of_peak']:.0%} of peak: the forward's small ops run far below the matmul roof"
+    return (f"above the ridge but at {pre['share_of_peak']:.0%} of peak: the forward's small ops run far below the "
+            "matmul roof")
 
 
 def decode_bound(fl_row) -> tuple[str, float]:
@@ -150,8 +160,8 @@ def _crossover_claim(cx, ridge) -> Claim:
     pred, napkin = float(cx.iloc[0]["formula_crossover"]), float(cx.iloc[0]["napkin_crossover"])
     knee, reached = batch_knee(list(cx["batch"]), list(cx["ms"]))
     bmax, grow = int(cx.iloc[-1]["batch"]), cx.iloc[-1]["ms"] / cx.iloc[0]["ms"]
-    expected = (f"knee within 0.5-2x of B ~{pred:.0f} (napkin ~{napkin:.0f}: ridge {ridge:.1f} FLOP/B)" if math.isfinite(pred)
-                else "never (the KV grows as fast as the FLOPs)")
+    expected = (f"knee within 0.5-2x of B ~{pred:.0f} (napkin ~{napkin:.0f}: ridge {ridge:.1f} FLOP/B)"
+                if math.isfinite(pred) else "never (the KV grows as fast as the FLOPs)")
     note = "within 2x holds; a late knee: fixed per-step costs hide the compute until large batches"
     if reached:
         holds = math.isfinite(pred) and 0.5 <= knee / pred <= 2

@@ -65,7 +65,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
                                              cfg.whatif_context))
         with sw.phase("intensity_sweep"):
             sweep = res.add_table("intensity_sweep", measure_intensity(cfg, device, dtype, roofs, progress))
-        overlay = res.add_table("overlay", overlay_table(config, roofs, dtype, cfg.prefill_tokens, cfg.decode_batches, cfg.decode_context))
+        overlay = res.add_table("overlay", overlay_table(config, roofs, dtype, cfg.prefill_tokens, cfg.decode_batches,
+                                                         cfg.decode_context))
         need = estimate_bytes(config, dtype_name)
         timed = need <= decode_budget_bytes(cfg, device)
         res.add_table("decode_model", [decode_model_row(cfg, config, roofs, dtype, need, timed, device)])
@@ -77,7 +78,8 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
                 del lm
         else:
             res.skipped["decode"] = (f"{cfg.model} needs {need / 2**30:.1f} GiB of weights in {dtype_name} "
-                                     f"(budget {decode_budget_bytes(cfg, device) / 2**30:.1f} GiB): the overlay is analytic only")
+                                     f"(budget {decode_budget_bytes(cfg, device) / 2**30:.1f} GiB): "
+                                     "the overlay is analytic only")
         with sw.phase("bandwidth_sweep"):  # last: the roofs and the sweeps compared with them run back to back
             res.add_table("bandwidth_sweep", measure_sweep(cfg, device, bufs, roofs.bandwidth_threads, progress))
             del bufs
@@ -91,7 +93,8 @@ def decode_model_row(cfg: Config, config, roofs: Roofs, dtype: str, need: int, t
     elem = torch_dtype(dtype).itemsize
     ctx = cfg.decode_context + 2 + cfg.decode_steps / 2  # the mean cache length over the timed steps
     c1 = step_cost(config, 1, ctx, elem)
-    return dict(model=cfg.model, dtype=dtype, weight_bytes=c1["weight_bytes"], fits_llc=c1["weight_bytes"] <= last_level_cache_bytes(device),
+    return dict(model=cfg.model, dtype=dtype, weight_bytes=c1["weight_bytes"],
+                fits_llc=c1["weight_bytes"] <= last_level_cache_bytes(device),
                 timed=timed, context=ctx, b1_intensity=c1["flops"] / c1["bytes"], ridge=roofs.ridge(dtype),
                 predicted_knee=predicted_knee(config, roofs, dtype, ctx), largest_batch=max(cfg.decode_batches))
 

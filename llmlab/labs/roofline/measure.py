@@ -122,7 +122,8 @@ def measure_bandwidth(cfg: Config, device: Device, bufs=None, progress=None) -> 
     rows = []
     jobs = [(t, k) for t in thread_counts(device) for k in cfg.kernels]
     for threads, name in track(progress, jobs, "bandwidth"):
-        bw = roof_bandwidth(device, name, bufs=bufs, blocks=cfg.bandwidth_repeats, min_block_s=cfg.bandwidth_block_s, threads=threads)
+        bw = roof_bandwidth(device, name, bufs=bufs, blocks=cfg.bandwidth_repeats, min_block_s=cfg.bandwidth_block_s,
+                            threads=threads)
         rows.append(dict(kernel=name, threads=threads, buffer_bytes=bw.buffer_bytes, bytes_moved=bw.bytes_per_call,
                          median_GBps=bw.median_GBps, best_GBps=bw.best_GBps, p10_GBps=bw.p10_GBps, p90_GBps=bw.p90_GBps,
                          median_ms=bw.median_ms, calls_per_block=bw.calls_per_block, n=bw.blocks))
@@ -140,7 +141,8 @@ def measure_sweep(cfg: Config, device: Device, bufs, threads: int, progress=None
         with torch_threads(threads):
             s, path = _time(fn, device, cfg.bandwidth_repeats, cfg.sweep_min_run_s)
         ws = nbytes  # the working set is what the kernel touches
-        rows.append(dict(kernel=name, threads=threads, buffer_bytes=n * 4, working_set_bytes=ws, level=cache_level(ws, device),
+        rows.append(dict(kernel=name, threads=threads, buffer_bytes=n * 4, working_set_bytes=ws,
+                         level=cache_level(ws, device),
                          median_GBps=nbytes / s.median_s / 1e9, best_GBps=nbytes / (s.min_ms / 1e3) / 1e9,
                          median_us=s.median_ms * 1e3, n=s.n, timing=path))
     return pd.DataFrame(rows)
@@ -173,18 +175,22 @@ def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progre
                 for m, n, k in shapes:
                     a, b, out = gemm_operands(m, n, k, dtype, device, gen)
                     with torch_threads(threads or torch.get_num_threads()):
-                        s = measure(matmul_fn(backend, a, b, out), device, mode=LATENCY, warmup=1, repeats=cfg.compute_repeats, setup=flush)
+                        s = measure(matmul_fn(backend, a, b, out), device, mode=LATENCY, warmup=1,
+                                    repeats=cfg.compute_repeats, setup=flush)
                     flops = 2 * m * n * k
-                    part.append(dict(dtype=dtype, backend=backend, threads=threads or "blas default", m=m, n=n, k=k, flops=flops,
+                    part.append(dict(dtype=dtype, backend=backend, threads=threads or "blas default", m=m, n=n, k=k,
+                                     flops=flops,
                                      median_gflops=flops / s.median_s / 1e9, best_gflops=flops / (s.min_ms / 1e3) / 1e9,
                                      median_ms=s.median_ms, n_samples=s.n))
                     del a, b, out
         t = tel.summary()
         for r in part:
             if t.get("source") == "nvml":
-                r.update(sm_clock_mhz=(t["sm_clock_mhz"] or {}).get("median"), power_w=(t["power_w"] or {}).get("median"),
-                         temp_c=(t["temp_c"] or {}).get("max"),  # None: a field NVML does not report here (MIG, no sensor)
-                         throttle="unknown" if t["throttle_reasons"] is None else ",".join(t["throttle_reasons"]) or "none")
+                r.update(sm_clock_mhz=(t["sm_clock_mhz"] or {}).get("median"),
+                         power_w=(t["power_w"] or {}).get("median"),
+                         temp_c=(t["temp_c"] or {}).get("max"),  # None: a field NVML does not report (MIG, no sensor)
+                         throttle="unknown" if t["throttle_reasons"] is None
+                         else ",".join(t["throttle_reasons"]) or "none")
             else:
                 r.update(cpu_utilisation_cores=t.get("cpu_utilisation_cores"), loadavg_1m=t.get("loadavg_1m"))
         rows += part
@@ -232,19 +238,22 @@ def roofs_table(roofs: Roofs, bw: pd.DataFrame, comp: pd.DataFrame, device: Devi
     spec_bw, bw_src = bandwidth_spec_GBps(device)
     rows = [dict(roof="bandwidth", dtype="-", how=roofs.bandwidth_kernel, measured_median=roofs.bandwidth_GBps,
                  measured_best=float(bw["best_GBps"].max()), unit="GB/s", spec=spec_bw,
-                 pct_of_spec=100 * roofs.bandwidth_GBps / spec_bw if spec_bw else None, want_pct=90.0, spec_source=bw_src)]
+                 pct_of_spec=100 * roofs.bandwidth_GBps / spec_bw if spec_bw else None, want_pct=90.0,
+                 spec_source=bw_src)]
     for dtype, peak in roofs.peak_gflops.items():
         spec, src = peak_for(device, dtype)
         sub = comp[comp["dtype"] == dtype]
         rows.append(dict(roof="compute", dtype=dtype, how=roofs.best_backend[dtype], measured_median=peak,
                          measured_best=float(sub["best_gflops"].max()), unit="GFLOP/s", spec=spec,
-                         pct_of_spec=100 * peak / spec if spec else None, want_pct=want_pct(device, dtype), spec_source=src,
+                         pct_of_spec=100 * peak / spec if spec else None, want_pct=want_pct(device, dtype),
+                         spec_source=src,
                          loadavg_1m=sub["loadavg_1m"].max() if "loadavg_1m" in sub else None))
     for dtype in roofs.peak_gflops:
         spec, _ = peak_for(device, dtype)
         rows.append(dict(roof="ridge", dtype=dtype, how="peak / bandwidth", measured_median=roofs.ridge(dtype),
                          measured_best=None, unit="FLOP/byte", spec=spec / spec_bw if spec and spec_bw else None,
-                         pct_of_spec=None, want_pct=None, spec_source="spec peak / spec bandwidth" if spec and spec_bw else "no bandwidth spec"))
+                         pct_of_spec=None, want_pct=None,
+                         spec_source="spec peak / spec bandwidth" if spec and spec_bw else "no bandwidth spec"))
     return pd.DataFrame(rows)
 
 

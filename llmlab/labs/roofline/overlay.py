@@ -18,7 +18,14 @@ from llmlab.core.specs import bandwidth_spec_GBps, peak_for
 from llmlab.core.timing import LATENCY, L2Flusher, Stats, measure
 from llmlab.inference.decode import decode_one_token, new_cache, prefill
 from llmlab.labs.roofline.config import DTYPES, Config
-from llmlab.labs.roofline.measure import Roofs, device_generator, matmul_backends, pick_fastest, pick_threads, thread_counts
+from llmlab.labs.roofline.measure import (
+    Roofs,
+    device_generator,
+    matmul_backends,
+    pick_fastest,
+    pick_threads,
+    thread_counts,
+)
 
 # ---------------------------------------------------------------- 4. intensity sweep
 
@@ -48,7 +55,8 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
                             repeats=cfg.intensity_repeats, setup=flush)
             flops, nbytes, ai = gemm_intensity(m, k, n, elem)
             roof = roofs.attainable(dtype, ai)
-            rows.append(dict(m=m, k=k, n=n, dtype=dtype, backend=backend, threads=threads or "blas default", flops=flops, bytes=nbytes, intensity=ai,
+            rows.append(dict(m=m, k=k, n=n, dtype=dtype, backend=backend, threads=threads or "blas default",
+                             flops=flops, bytes=nbytes, intensity=ai,
                              median_gflops=flops / s.median_s / 1e9, best_gflops=flops / (s.min_ms / 1e3) / 1e9,
                              roof_gflops=roof, fraction_of_roof=flops / s.median_s / 1e9 / roof,
                              bound="memory" if ai < roofs.ridge(dtype) else "compute", median_ms=s.median_ms))
@@ -125,7 +133,8 @@ def decode_budget_bytes(cfg: Config, device: Device) -> int:
     return int(0.5 * device.free_memory_bytes()) if device.is_cuda else int(cfg.decode_max_gib * 2**30)
 
 
-def measure_decode(cfg: Config, device: Device, lm, dtype: str, roofs: Roofs, res: LabResult, progress=None) -> pd.DataFrame:
+def measure_decode(cfg: Config, device: Device, lm, dtype: str, roofs: Roofs, res: LabResult,
+                   progress=None) -> pd.DataFrame:
     model, config = lm.model, lm.config
     elem = torch_dtype(DTYPES[dtype]).itemsize
     peak = roofs.peak_gflops[DTYPES[dtype]]
@@ -143,7 +152,8 @@ def measure_decode(cfg: Config, device: Device, lm, dtype: str, roofs: Roofs, re
         c = step_cost(config, batch, context, elem)
         gflops = c["flops"] / s.median_s / 1e9
         roof_ms = max(c["bytes"] / roofs.bandwidth_GBps / 1e6, c["flops"] / peak / 1e6)
-        rows.append(dict(batch=batch, threads=threads, context=context, median_ms=s.median_ms, p10_ms=s.p10_ms, p90_ms=s.p90_ms,
+        rows.append(dict(batch=batch, threads=threads, context=context, median_ms=s.median_ms, p10_ms=s.p10_ms,
+                         p90_ms=s.p90_ms,
                          weight_bytes=c["weight_bytes"], kv_bytes=c["kv_bytes"], bytes=c["bytes"], flops=c["flops"],
                          intensity=c["flops"] / c["bytes"], achieved_GBps=c["bytes"] / s.median_s / 1e9,
                          pct_of_bandwidth=100 * c["bytes"] / s.median_s / 1e9 / roofs.bandwidth_GBps,

@@ -12,7 +12,8 @@ from llmlab.labs.roofline.verdicts import _row
 
 def _overlay_rows(df: pd.DataFrame) -> pd.DataFrame:
     """One row per phase and token count: the whole forward's matmuls and attention."""
-    g = df.groupby(["phase", "tokens"], sort=False).agg(flops=("flops", "sum"), bytes=("bytes", "sum"), roof_us=("roof_us", "sum"))
+    g = df.groupby(["phase", "tokens"], sort=False).agg(flops=("flops", "sum"), bytes=("bytes", "sum"),
+                                                        roof_us=("roof_us", "sum"))
     g = g.reset_index()
     g["intensity"] = g["flops"] / g["bytes"]
     g["roof_ms"] = g["roof_us"] / 1e3
@@ -44,56 +45,64 @@ def views(result: LabResult) -> list[View]:
     dtype = "fp32" if empty_table(sweep) else str(sweep["dtype"].iloc[0])
     out = [
         View("1. Bandwidth roof", "How many GB/s do STREAM kernels get over buffers 8x the cache?", "bandwidth",
-             (Col("kernel", "kernel", "text"), Col("threads", "threads", "int"), Col("median_GBps", "GB/s median", ".1f"),
-              Col("best_GBps", "GB/s best", ".1f"), Col("calls_per_block", "calls per timed block", "int")), rows=_best_threads),
+             (Col("kernel", "kernel", "text"), Col("threads", "threads", "int"),
+              Col("median_GBps", "GB/s median", ".1f"), Col("best_GBps", "GB/s best", ".1f"),
+              Col("calls_per_block", "calls per timed block", "int")), rows=_best_threads),
         View("2. Compute roof and ridge", "What matmul FLOP/s is reachable, and where do the roofs meet?", "roofs",
              (Col("roof", "roof", "text"), Col("dtype", "dtype", "text"), Col("measured_median", "measured"),
-              Col("unit", "unit", "text"), Col("spec", "spec"), Col("pct_of_spec", "% of spec", ".0f")), rows=lambda df: _roof_rows(df, dtype)),
-        View("3. The roofline, traced by one GEMM", f"Does (M x {_kn(result)}) @ W climb the bandwidth roof to the compute roof?",
+              Col("unit", "unit", "text"), Col("spec", "spec"), Col("pct_of_spec", "% of spec", ".0f")),
+             rows=lambda df: _roof_rows(df, dtype)),
+        View("3. The roofline, traced by one GEMM",
+             f"Does (M x {_kn(result)}) @ W climb the bandwidth roof to the compute roof?",
              "intensity_sweep",
              (Col("m", "M", "int"), Col("intensity", "FLOP / byte", ".3g"), Col("median_gflops", "GFLOP/s", ".4g"),
-              Col("roof_gflops", "roof GFLOP/s", ".4g"), Col("fraction_of_roof", "of roof", "%"), Col("bound", "bound", "text")),
-             chart=Chart(f"roofline ({dtype}), log-log", "roofline_chart", "intensity", "gflops", kind="scatter", series="series",
-                         logx=True, logy=True, xlabel="FLOP/byte", ylabel="GFLOP/s")),
+              Col("roof_gflops", "roof GFLOP/s", ".4g"), Col("fraction_of_roof", "of roof", "%"),
+              Col("bound", "bound", "text")),
+             chart=Chart(f"roofline ({dtype}), log-log", "roofline_chart", "intensity", "gflops", kind="scatter",
+                         series="series", logx=True, logy=True, xlabel="FLOP/byte", ylabel="GFLOP/s")),
         View("4. Where an LLM's matmuls sit", "Prefill and decode: FLOP per byte of the whole forward pass", "overlay",
-             (Col("phase", "phase", "text"), Col("tokens", "tokens (S or B)", "int"), Col("intensity", "FLOP / byte", ".3g"),
-              Col("memory_bound_ops", "memory-bound", "text"), Col("roof_ms", "roof time ms", ".3g")), rows=_overlay_rows),
+             (Col("phase", "phase", "text"), Col("tokens", "tokens (S or B)", "int"),
+              Col("intensity", "FLOP / byte", ".3g"), Col("memory_bound_ops", "memory-bound", "text"),
+              Col("roof_ms", "roof time ms", ".3g")), rows=_overlay_rows),
     ]
     if "decode" in result.tables:
         out.append(View("5. The real decode step", "How does the step time grow with batch?", "decode",
-                        (Col("batch", "batch", "int"), Col("median_ms", "ms / step", ".3g"), Col("roof_ms", "roof ms", ".3g"),
-                         Col("achieved_GBps", "GB/s", ".3g"), Col("pct_of_peak_compute", "% of peak FLOP/s", ".2f"),
+                        (Col("batch", "batch", "int"), Col("median_ms", "ms / step", ".3g"),
+                         Col("roof_ms", "roof ms", ".3g"), Col("achieved_GBps", "GB/s", ".3g"),
+                         Col("pct_of_peak_compute", "% of peak FLOP/s", ".2f"),
                          Col("tokens_per_s", "tokens / s", ".4g"))))
     out.append(View("6. Caches above DRAM", "Triad GB/s as the working set grows past each cache", "bandwidth_sweep",
                     (Col("working_set_MiB", "working set MiB", ".3g"), Col("level", "fits in", "text"),
                      Col("median_GBps", "GB/s median", ".1f"), Col("best_GBps", "GB/s best", ".1f")), rows=_sweep_rows))
-    out.append(View("7. What if: other GPUs (spec-sheet napkin math, not measured)",
-                    f"Batch-1 ceilings of {WHATIF_MODEL} at an 8k context; which models fit with 8k of KV?", "whatif",
-                    (Col("gpu", "GPU", "text", 24), Col("format", "format", "text"), Col("ridge", "ridge FLOP/B", ".0f"),
-                     Col("decode_tok_s", "decode tok/s", ",.0f"), Col("prefill_tok_s", "prefill tok/s", ",.0f"),
-                     *(Col(f"fits {m}", f"fits {m.split()[0]}", "text") for m in _whatif_models(result))),
-                    rows=_whatif_rows))
+    if "whatif" in result.tables:
+        out.append(View("7. What if: other GPUs (spec-sheet napkin math, not measured)",
+                        f"Batch-1 ceilings of {WHATIF_MODEL}, 8k context; which models fit with 8k of KV?", "whatif",
+                        (Col("gpu", "GPU", "text", 24), Col("ridge", "ridge FLOP/B", ".0f"),
+                         Col("decode_bf16", "decode tok/s BF16", ",.0f"), Col("decode_fp8", "FP8", ",.0f"),
+                         Col("prefill_bf16", "prefill tok/s BF16", ",.0f"), Col("fits", "fits: BF16 / FP8", "text")),
+                        rows=_whatif_rows))
     return out
 
 
 WHATIF_MODEL = "32B (Qwen2.5)"  # the series' "A100 vs H100 vs a 30B model": the view's ceilings are this model's
 
 
-def _whatif_models(result: LabResult) -> list[str]:
-    w = result.tables.get("whatif")
-    return [] if empty_table(w) else list(dict.fromkeys(w["model"]))
-
-
 def _whatif_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per GPU and format: the ceilings of WHATIF_MODEL, and "yes"/"no" per model for the fit."""
-    mine = df[df["model"] == WHATIF_MODEL].copy()
-    fits = df.pivot_table(index=["gpu", "format"], columns="model", values="fits", aggfunc="first", sort=False)
-    for m in fits.columns:
-        got = [fits.loc[(g, f), m] for g, f in zip(mine["gpu"], mine["format"], strict=True)]
-        mine[f"fits {m}"] = ["-" if v is None or pd.isna(v) else ("yes" if v else "no") for v in got]
-    mine["gpu"] = [g if s.startswith("spec") else f"{g} (measured)" for g, s in zip(mine["gpu"], mine["source"],
-                                                                                    strict=True)]
-    return mine
+    """One row per GPU: WHATIF_MODEL's BF16 ridge and ceilings (and its FP8 decode), and the models whose weights
+    with 8k of KV fit, in BF16 / in FP8."""
+    def fitting(g: pd.DataFrame, fmt: str) -> str:
+        g = g[g["format"] == fmt]
+        names = [m.split()[0] for m, f in zip(g["model"], g["fits"], strict=True) if f is True or f == 1.0]
+        return " ".join(names) if names else "none"
+
+    rows = []
+    for (source, gpu), g in df.groupby(["source", "gpu"], sort=False):
+        mine = g[g["model"] == WHATIF_MODEL].set_index("format")
+        rows.append(dict(gpu=gpu if source.startswith("spec") else f"{gpu} (measured)",
+                         ridge=mine.loc["bf16", "ridge"], decode_bf16=mine.loc["bf16", "decode_tok_s"],
+                         decode_fp8=mine.loc["fp8", "decode_tok_s"], prefill_bf16=mine.loc["bf16", "prefill_tok_s"],
+                         fits=f"{fitting(g, 'bf16')} / {fitting(g, 'fp8')}"))
+    return pd.DataFrame(rows)
 
 
 def _kn(result: LabResult) -> str:
@@ -130,7 +139,8 @@ def figures(result: LabResult) -> list:
                 ax.plot(g["intensity"], g["gflops"], "-" if series.startswith("measured") else "--", label=series)
             else:
                 ax.scatter(g["intensity"], g["gflops"], s=14, label=series)
-        ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="GFLOP/s", title="Roofline, measured")
+        ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="GFLOP/s",
+               title="Roofline, measured")
         ax.legend(fontsize=6)
         fig.tight_layout()
         out.append(("roofline: measured roofs and points", fig))

@@ -46,7 +46,8 @@ def _bandwidth_claim(roofs: pd.DataFrame) -> Claim:
     spec, got = _num(r["spec"]), float(r["measured_median"])
     cid, text = "roofline.bandwidth_vs_spec", "the best STREAM kernel's roof reaches >= 90% of the bandwidth spec"
     if spec is None:
-        return Claim(cid, text, ">= 90% of spec", f"{got:.1f} GB/s, no spec", None, "a CPU's bandwidth spec depends on its DIMMs")
+        return Claim(cid, text, ">= 90% of spec", f"{got:.1f} GB/s, no spec", None,
+                     "a CPU's bandwidth spec depends on its DIMMs")
     pct = 100 * got / spec
     note = "" if pct <= 100 else "above 100%: the spec sheet's figure is below what this part delivered"
     return Claim(cid, text, f">= 90% of {spec:.0f} GB/s", f"{pct:.0f}% ({got:.0f} GB/s, {r['how']})", pct >= 90, note)
@@ -59,7 +60,8 @@ def _peak_claim(roofs: pd.DataFrame, dtype: str) -> Claim:
         return Claim(cid, text, "a measured peak", "-", None, f"no {dtype} matmul here")
     spec, want, got = _num(r["spec"]), _num(r["want_pct"]), float(r["measured_median"])
     if spec is None or want is None:
-        why = "no spec for this device" if spec is None else f"no BF16 unit: {_short_source(r['spec_source'], dtype)} is a bound"
+        bound = f"no BF16 unit: {_short_source(r['spec_source'], dtype)} is a bound"
+        why = "no spec for this device" if spec is None else bound
         return Claim(cid, text, "a spec to compare with", f"{got:.0f} GFLOP/s", None, why)
     pct = 100 * got / spec
     note = ""
@@ -68,7 +70,8 @@ def _peak_claim(roofs: pd.DataFrame, dtype: str) -> Claim:
     elif pct < want:
         load = _num(r.get("loadavg_1m"))
         note = f"spec: {_short_source(r['spec_source'], dtype)}" + (f"; load {load:.0f}" if load else "")
-    return Claim(cid, text, f">= {want:.0f}% of {spec:.0f} GFLOP/s{spec_clock(str(r['spec_source']))}", f"{pct:.0f}% ({got:.0f} GFLOP/s)",
+    return Claim(cid, text, f">= {want:.0f}% of {spec:.0f} GFLOP/s{spec_clock(str(r['spec_source']))}",
+                 f"{pct:.0f}% ({got:.0f} GFLOP/s)",
                  pct >= want, note)
 
 
@@ -77,7 +80,8 @@ def spec_clock(how: str) -> str:
     m = re.search(r"x ([\d.]+ GHz) \((max boost clock|clock from /proc/cpuinfo)", how)
     if not m:
         return ""
-    return f" (at {m.group(1)}, {'max boost clock' if m.group(2).startswith('max') else 'the clock /proc/cpuinfo reports: no max boost'})"
+    clock = "max boost clock" if m.group(2).startswith("max") else "the clock /proc/cpuinfo reports: no max boost"
+    return f" (at {m.group(1)}, {clock})"
 
 
 def _over_spec_why(how: str) -> str:
@@ -96,7 +100,8 @@ def _short_source(src, dtype: str = "fp32") -> str:
         src = re.sub(r"\s*\([^()]*\)", "", src)
     parts = [p.strip() for p in src.split(";")]
     if dtype in ("bf16", "fp16") and len(parts) > 1 and "GHz" in parts[0]:  # "BF16 x 1024" of "cores x GHz x ..."
-        return f"{parts[0].split(' x ')[0]} x {parts[0].split(' x ')[1]} x {parts[1].removeprefix('BF16 x ')} BF16 FLOP/cycle"[:60]
+        cores, ghz = parts[0].split(" x ")[:2]
+        return f"{cores} x {ghz} x {parts[1].removeprefix('BF16 x ')} BF16 FLOP/cycle"[:60]
     return parts[0][:60]
 
 
@@ -108,14 +113,16 @@ def _cache_claim(sweep: pd.DataFrame, roofs: pd.DataFrame) -> Claim:
         return Claim(cid, text, ">= 1.5x the DRAM roof", "-", None, "no sweep point fits in a cache")
     best = tri.loc[tri["median_GBps"].idxmax()]
     ratio = float(best["median_GBps"]) / dram
-    return Claim(cid, text, f">= 1.5x {dram:.1f} GB/s", f"{ratio:.1f}x ({float(best['median_GBps']):.0f} GB/s, {best['level']})", ratio >= 1.5)
+    return Claim(cid, text, f">= 1.5x {dram:.1f} GB/s",
+                 f"{ratio:.1f}x ({float(best['median_GBps']):.0f} GB/s, {best['level']})", ratio >= 1.5)
 
 
 def _sweep_claim(sweep: pd.DataFrame) -> Claim:
     fr = sweep["fraction_of_roof"]
     return Claim("roofline.gemm_traces_roofline", "a GEMM sweep over M traces the roofline (at or under it)",
                  "every M <= 1.25x its roof, median >= 0.5x",
-                 f"{fr.min():.2f}-{fr.max():.2f}x, median {fr.median():.2f}x", bool(fr.max() <= 1.25 and fr.median() >= 0.5))
+                 f"{fr.min():.2f}-{fr.max():.2f}x, median {fr.median():.2f}x",
+                 bool(fr.max() <= 1.25 and fr.median() >= 0.5))
 
 
 def _decode_claims(m: pd.Series, dec: pd.DataFrame | None) -> list[Claim]:
@@ -125,8 +132,8 @@ def _decode_claims(m: pd.Series, dec: pd.DataFrame | None) -> list[Claim]:
     share_text = "decode at batch 1 uses under 5% of peak compute"
     share_exp = f"< 5% (roof: <= {100 * min(1, ai1 / ridge):.1f}%)"
     knee_text = "decode turns compute-bound near the predicted batch"
-    knee_exp = (f"knee within 0.5-2x of B ~{knee_pred:.0f} (step >= 2x B=1's by the last batch)" if math.isfinite(knee_pred)
-                else "never (KV reads grow with B)")
+    knee_exp = (f"knee within 0.5-2x of B ~{knee_pred:.0f} (step >= 2x B=1's by the last batch)"
+                if math.isfinite(knee_pred) else "never (KV reads grow with B)")
     if dec is None or not len(dec):
         why = "the model's decode was not timed (see skipped)"
         return [Claim("roofline.decode_b1_compute_share", share_text, share_exp, "-", None, why),
