@@ -110,14 +110,16 @@ def test_formula_flops_match_the_counter_attention_core_included(ref):
         model, _, full = F.load_model(ref, CPU, layers=1)
         rows = F.time_steps(model, F.Config(sizes=(), prefill_tokens=16, context=8, repeats=1), CPU, ref, full)
     s = Shape.of(model.config)
-    proj = sum(2 * k * n for name, k, n, _ in s.matmuls() if name in ("q_proj", "k_proj", "v_proj", "o_proj"))  # a layer
+    # a layer
+    proj = sum(2 * k * n for name, k, n, _ in s.matmuls() if name in ("q_proj", "k_proj", "v_proj", "o_proj"))
     for r in rows:
         if r["counted_flops"]:
             assert r["flops"] == pytest.approx(r["counted_flops"], rel=F.FLOP_TOL), r
         if r["step"] == "2. attention":
             pairs = 8 + 1 if r["phase"] == "decode" else 16 * 16
             core = 4 * s.heads * s.head_dim * pairs
-            assert r["counted_flops"] == pytest.approx((r["tokens"] * proj + core) * r["layers"], rel=1e-9), r  # all layers
+            # all layers
+            assert r["counted_flops"] == pytest.approx((r["tokens"] * proj + core) * r["layers"], rel=1e-9), r
 
 
 def test_steps_add_up_to_the_forward_on_a_compute_heavy_shape():
@@ -139,20 +141,24 @@ def test_steps_add_up_to_the_forward_on_a_compute_heavy_shape():
 
 
 def _walk(t=5, shapes=None, token_id=3, v=16):
-    """A walk table as walk_rows writes it: predicted shapes for T = t, d = 8, V = v; `shapes` overrides measured ones."""
+    """A walk table as walk_rows writes it: predicted shapes for T = t, d = 8, V = v; `shapes` overrides measured
+    ones."""
     pred = F.predicted_shapes(type("C", (), dict(hidden_size=8, vocab_size=v))(), t)
     got = {**{k: str(x) for k, x in F.predicted_shapes(type("C", (), dict(hidden_size=8, vocab_size=v))(), 5).items()},
            **(shapes or {})}
-    return [dict(model="m", step=k, what="", shape=got[k], expected=str(x), token_id=token_id if k == "5. sample" else None,
+    return [dict(model="m", step=k, what="", shape=got[k], expected=str(x),
+                 token_id=token_id if k == "5. sample" else None,
                  vocab=v) for k, x in pred.items()]
 
 
 def _fixture(diff=1e-7, same_token=True, stamped=9.5, attn_mlp=8.0, sample=0.1, flop_err=0.0, walk=None):
     res = LabResult(lab=F.LAB, version=F.VERSION)
-    res.add_table("hand_run", [dict(max_abs_logit_diff=diff, tolerance=F.LOGIT_TOL, hand_token=5, generate_token=5 if same_token else 6)])
+    res.add_table("hand_run", [dict(max_abs_logit_diff=diff, tolerance=F.LOGIT_TOL, hand_token=5,
+                                    generate_token=5 if same_token else 6)])
     res.add_table("walk", walk or _walk())
     rest = 10.0 - attn_mlp - sample
-    times = {"1. embed": rest / 2, "2. attention": attn_mlp / 2, "3. MLP": attn_mlp / 2, "norms": rest / 2, "4. LM head": 0.0,
+    times = {"1. embed": rest / 2, "2. attention": attn_mlp / 2, "3. MLP": attn_mlp / 2, "norms": rest / 2,
+             "4. LM head": 0.0,
              "5. sample": sample}
     res.add_table("time", pd.DataFrame([dict(model="m", phase="decode", step=s, time_ms=t, flops=100.0 * (1 + flop_err),
                                              counted_flops=100.0, measured_forward_ms=10.0,
@@ -164,7 +170,8 @@ def _fixture(diff=1e-7, same_token=True, stamped=9.5, attn_mlp=8.0, sample=0.1, 
     ("five_steps.no_sixth_step", dict(diff=1e-3)),
     ("five_steps.no_sixth_step", dict(same_token=False)),
     ("five_steps.shapes_as_predicted", dict(walk=_walk(t=6))),  # the tokenizer counted a BOS the ids lack
-    ("five_steps.shapes_as_predicted", dict(walk=_walk(shapes={"4. LM head": "(1, 5, 16)"}))),  # every position's scores
+    # every position's scores
+    ("five_steps.shapes_as_predicted", dict(walk=_walk(shapes={"4. LM head": "(1, 5, 16)"}))),
     ("five_steps.shapes_as_predicted", dict(walk=_walk(token_id=16))),  # an id past the vocabulary
     ("five_steps.steps_add_up", dict(stamped=5.0)),
     ("five_steps.attention_mlp_dominate", dict(attn_mlp=3.0)),

@@ -323,7 +323,8 @@ def _result(int8_loss=0.001, int4_ppl=0.02, match=True, speedup=3.5, nvfp4_bytes
     speed = pd.DataFrame([
         dict(model="m", device=device, format=f, batch=1, path=path, real_kernel=Q.EMUL not in path, linear_bytes=b,
              fits_in_cache=fits, speedup=s, bytes_ratio=4e6 / b)
-        for f, path, b, s in (("fp32", "FP32 matmul (kernel)", 4e6, 1.0), ("int8", "int8pack_mm (kernel)", 1e6, speedup),
+        for f, path, b, s in (("fp32", "FP32 matmul (kernel)", 4e6, 1.0),
+                              ("int8", "int8pack_mm (kernel)", 1e6, speedup),
                               ("int4-g128", Q.EMUL, 5e5, 0.3))])
     # the same cache of 256 tokens packed two ways: FP8 1 B a value + a scale per head; NVFP4 0.5 + 1/16 B (+ 4 B);
     # a packer that kept FP32 block scales would store 0.75 B a value
@@ -409,4 +410,14 @@ def test_unknown_kv_format_exits_2_through_the_cli(cli):
 
 
 def test_config_defaults_are_the_quantizers_formats():
-    assert L.Config().weights == Q.WEIGHT_FORMATS
+    assert L.Config().weights == L.WEIGHT_FORMATS == Q.WEIGHT_FORMATS  # the Config's table is quant's, name by name
+    assert ("fp32", *L.KV_FORMATS) == Q.KV_FORMATS and L.Config().kv == L.KV_FORMATS
+
+
+def test_the_config_and_its_quick_build_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from llmlab.labs.quantization.config import Config; Config(); Config.quick(); "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

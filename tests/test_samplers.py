@@ -64,7 +64,9 @@ def test_entropy_of_uniform_and_one_hot():
     assert float(L.entropy(torch.tensor([1.0, 0.0, 0.0]))) == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("args", [("--top-p", "1.5"), ("--top-k", "0"), ("--top-k", "-1"), ("--temperature", "0"), ("--min-p", "-0.1")])
+@pytest.mark.parametrize("args",
+                         [("--top-p", "1.5"), ("--top-k", "0"), ("--top-k", "-1"), ("--temperature", "0"),
+                          ("--min-p", "-0.1")])
 def test_cli_bad_input_exits_2_with_one_line(args, cli):
     """In this process (tests/conftest.py); tests/test_cli.py runs one bad-input check through `python -m llmlab`."""
     p = cli("samplers", "--device", "cpu", "--quick", "--no-save", *args)
@@ -139,8 +141,10 @@ def test_judge_top_p_cost_vs_greedy_holds_and_fails():
 
 def test_judge_sorting_free_faster_and_goal_hold_and_fail():
     assert find(L.judge(_result(latency=_latency(free=0.5))), "samplers.sorting_free_faster").holds is True
-    assert find(L.judge(_result(latency=_latency(free=1.0))), "samplers.sorting_free_faster").holds is False  # slower than HF's 0.9
-    assert find(L.judge(_result(latency=_latency(free=0.5))), "samplers.sorting_free_goal").holds is True  # 1.8x >= 1.5x
+    # slower than HF's 0.9
+    assert find(L.judge(_result(latency=_latency(free=1.0))), "samplers.sorting_free_faster").holds is False
+    # 1.8x >= 1.5x
+    assert find(L.judge(_result(latency=_latency(free=0.5))), "samplers.sorting_free_goal").holds is True
     assert find(L.judge(_result(latency=_latency(free=0.8))), "samplers.sorting_free_goal").holds is False  # 1.1x
     gpu = find(L.judge(_result(latency=_latency(free=0.5, device="cuda"))), "samplers.sorting_free_goal")
     assert gpu.holds is False and "(CUDA)" in gpu.text  # 1.8x < the GPU goal of 3x
@@ -166,7 +170,8 @@ def test_cli_quick_end_to_end(quick_run):
     assert fates.loc["greedy", "kept_tokens"] == 1 and fates.loc["temperature", "mass_kept"] == pytest.approx(1.0)
     assert fates.loc["top_k", "kept_tokens"] >= 40 and fates.loc["top_p", "mass_kept"] >= 0.9 - 1e-6
     lat = tables["latency"]
-    assert (lat["latency_median_ms"] > 0).all() and set(lat["impl"]) >= {"argmax", "hf+multinomial", "ours+race", "ours sorting-free"}
+    assert (lat["latency_median_ms"] > 0).all() and set(lat["impl"]) >= {"argmax", "hf+multinomial", "ours+race",
+                                                                         "ours sorting-free"}
     assert tables["distribution"]["samples_outside_kept_set"].iloc[0] == 0
     # verdicts that do not depend on the machine's speed
     assert find(res.claims, "samplers.hf_parity").holds is True
@@ -181,7 +186,7 @@ def test_cli_quick_end_to_end(quick_run):
 
 
 def test_benchmark_times_through_core_interleaved(monkeypatch):
-    """Issue 12 item 26: benchmarks/samplers.py times with core.timing.interleaved (its private loop is gone)."""
+    """benchmarks/samplers.py times with core.timing.interleaved, the one timing loop."""
     import benchmarks.samplers as bench
     import llmlab.core.timing as timing
     from llmlab.core.device import Device
@@ -212,5 +217,6 @@ def test_each_expected_text_states_the_test_its_verdict_applies():
     claims = {c.id: c for c in samplers.judge(LabResult.from_json(saved[-1].read_text()))}
     for c in claims.values():
         assert any(w in c.expected for w in (">", "<", "within", " in ", "every")), c
-    assert claims["samplers.top_p_cost_vs_greedy"].expected.startswith(f"HF top-p / argmax in {samplers.ARTICLE_RATIO / 2:.1f}-")
+    assert claims["samplers.top_p_cost_vs_greedy"].expected.startswith("HF top-p / argmax in "
+                                                                       f"{samplers.ARTICLE_RATIO / 2:.1f}-")
     assert claims["samplers.sorting_free_goal"].expected.startswith("HF / ours >= 1.5x")

@@ -64,7 +64,8 @@ def test_multi_letter_means_a_piece_of_two_letters_or_more(pieces, multi):
     assert L.multi_letter(pieces) is multi
 
 
-@pytest.mark.parametrize("text, n", [(" 3", 3), ("There are three r's.", 3), ("12 or 13", 12), ("Return the list", None),
+@pytest.mark.parametrize("text, n",
+                         [(" 3", 3), ("There are three r's.", 3), ("12 or 13", 12), ("Return the list", None),
                                      ("Someone", None), ("two.", 2)])
 def test_parse_count_reads_the_first_number(text, n):
     assert L.parse_count(text) == n
@@ -77,7 +78,7 @@ def test_count_prompt_uses_the_chat_template_when_there_is_one():
     assert L.count_prompt(chat, "strawberry", "r").startswith("<u>How many")
 
 
-# ---------------------------------------------------------------- part 2: neighbours, co-occurrence, the permutation test
+# ------------------------------------------------------------ part 2: neighbours, co-occurrence, the permutation test
 
 
 def test_permutation_test_finds_a_planted_effect():
@@ -117,7 +118,8 @@ def test_cooccurrence_counts_a_planted_pair_against_independence():
 
 
 @pytest.mark.parametrize("a, b, same", [(" list", "List", True), (" list", " lists", True), ("list", " List", True),
-                                        (" the", " then", False), (" file", " files", True), (" is", " isinstance", False),
+                                        (" the", " then", False), (" file", " files", True),
+                                        (" is", " isinstance", False),
                                         (" return", " raise", False)])
 def test_same_word_is_case_space_and_stem(a, b, same):
     assert L.same_word(a, b) is same
@@ -169,7 +171,8 @@ def test_vocab_row_bytes_equal_the_formula_and_body_is_counted_from_the_config()
     assert row["body_params"] * 4 == L.layer_bytes(cfg, 4)  # tensors counted = the config's formula
     assert row["formula_share"] == pytest.approx(d * 512 / (d * 512 + row["body_params"]))
     assert row["step_flops"] == 2 * (d * 512 + row["body_params"]) and 0 < row["head_share"] < 1
-    assert row["head_GBps"] == pytest.approx(row["head_B"] / (row["head_ms"] / 1e3) / 1e9)  # the head's bytes / its time
+    # the head's bytes / its time
+    assert row["head_GBps"] == pytest.approx(row["head_B"] / (row["head_ms"] / 1e3) / 1e9)
 
 
 def test_layers_on_cuda_come_from_the_device_l2(monkeypatch):
@@ -187,7 +190,8 @@ def test_layers_on_cuda_come_from_the_device_l2(monkeypatch):
 # ---------------------------------------------------------------- judge fixtures (tables as run() writes them)
 
 
-def _vocab(shares=(0.02, 0.3, 0.6, 0.9), formula=(0.14, 0.4, 0.73, 0.91), exact=True, step_per_head=1.0) -> pd.DataFrame:
+def _vocab(shares=(0.02, 0.3, 0.6, 0.9), formula=(0.14, 0.4, 0.73, 0.91), exact=True,
+           step_per_head=1.0) -> pd.DataFrame:
     rows = []
     for v, s, f in zip((4096, 16384, 65536, 262144), shares, formula, strict=True):
         b = v * 256 * 4
@@ -204,7 +208,8 @@ def _counting(answered=False, correct=False, split=True) -> pd.DataFrame:
         parts = ["_" + word[:3], word[3:]] if split else ["_", *word]
         n = word.count(letter)
         rows.append(dict(model="m", word=word, letter=letter, count=n, tokens=len(parts), pieces="|".join(parts),
-                         multi_letter=L.multi_letter(parts), answer=str(n if correct else n + 1) if answered else "Return",
+                         multi_letter=L.multi_letter(parts),
+                         answer=str(n if correct else n + 1) if answered else "Return",
                          answered=answered, parsed=(n if correct else n + 1) if answered else None,
                          correct=answered and correct))
     return pd.DataFrame(rows)
@@ -287,7 +292,8 @@ def test_quick_run_end_to_end(quick_run):
     d = run.data
     claims = {c["id"]: c for c in d["claims"]}
     assert set(claims) == {"tokens.roundtrip", "tokens.english_cheapest", "tokens.letters_not_in_tokens",
-                           "tokens.letter_counting", "tokens.embedding_neighbours_related", "tokens.vocab_bytes_formula",
+                           "tokens.letter_counting", "tokens.embedding_neighbours_related",
+                           "tokens.vocab_bytes_formula",
                            "tokens.head_share_grows", "tokens.head_share_formula", "tokens.vocab_cost_is_the_head"}
     assert claims["tokens.vocab_bytes_formula"]["holds"] is True  # a formula: holds on any machine
     assert claims["tokens.roundtrip"]["holds"] is True  # byte-level BPE is lossless

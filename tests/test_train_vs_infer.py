@@ -51,7 +51,8 @@ def test_inference_leaves_the_hash_and_a_training_step_changes_it(tiny):
 def _fixture(step_x=3.0, flop_x=3.0, per_token=2.0, adam_elems_per_param=2, par_x=50.0, same_hash=True, loss_drop=True):
     res = LabResult(lab=L.LAB, version=L.VERSION, config={"seq_len": 64})
     res.add_table("steps", pd.DataFrame([
-        dict(model="m", regime="inference: forward", flops=100.0, flops_per_token_per_param=per_token, x_forward=1.0, time_ms=1.0),
+        dict(model="m", regime="inference: forward", flops=100.0, flops_per_token_per_param=per_token, x_forward=1.0,
+             time_ms=1.0),
         dict(model="m", regime="training: forward + backward", flops=100.0 * flop_x, flops_per_token_per_param=6.0,
              x_forward=2.0, time_ms=2.0),
         dict(model="m", regime="training: + AdamW step", flops=100.0 * flop_x, flops_per_token_per_param=6.0,
@@ -60,14 +61,17 @@ def _fixture(step_x=3.0, flop_x=3.0, per_token=2.0, adam_elems_per_param=2, par_
     res.add_table("memory", pd.DataFrame([
         dict(model="m", regime="inference", params=n, weights_B=4 * n, grads_B=0, optimizer_B=0, activations_B=10,
              kv_cache_B=10, total_B=4 * n + 20, optimizer_elems=0),
-        dict(model="m", regime="training (AdamW)", params=n, weights_B=4 * n, grads_B=4 * n, optimizer_B=4 * adam_elems_per_param * n,
+        dict(model="m", regime="training (AdamW)", params=n, weights_B=4 * n, grads_B=4 * n,
+             optimizer_B=4 * adam_elems_per_param * n,
              activations_B=500, kv_cache_B=0, total_B=(8 + 4 * adam_elems_per_param) * n + 500,
              optimizer_elems=adam_elems_per_param * n)]))
     res.add_table("parallel", pd.DataFrame([dict(mode="parallel", tokens_per_s=par_x * 10, x_sequential=par_x),
                                             dict(mode="sequential", tokens_per_s=10.0, x_sequential=1.0)]))
     res.add_table("learning", pd.DataFrame([
-        dict(stage="before", weights_hash="a", params_with_grad=0, answer_same=True, answer_first_diff=-1, conversation_loss=None, tokens=0),
-        dict(stage="gen", weights_hash="a" if same_hash else "b", params_with_grad=0, answer_same=True, answer_first_diff=-1,
+        dict(stage="before", weights_hash="a", params_with_grad=0, answer_same=True, answer_first_diff=-1,
+             conversation_loss=None, tokens=0),
+        dict(stage="gen", weights_hash="a" if same_hash else "b", params_with_grad=0, answer_same=True,
+             answer_first_diff=-1,
              conversation_loss=3.0, tokens=100),
         dict(stage="step", weights_hash="c", params_with_grad=0, answer_same=False, answer_first_diff=2,
              conversation_loss=2.5 if loss_drop else 3.5, tokens=100)]))

@@ -1,75 +1,18 @@
-"""Lab: the five steps — watch a model produce one word, step by step, and see where the time goes.
-
-Every token goes through the same five steps (the series, part 2): 1. words to numbers (tokenize,
-embed), 2. attention, 3. the MLP (2 and 3 repeat once per layer), 4. the LM head (word scores),
-5. sampling (pick a word).
-
-Parts:
-1. the walk-through: the model's own submodules called in order by hand (`hand_run`), forward
-   hooks recording the real shape after each step, the top-5 candidates after step 4 and the word
-   greedy and top-p pick — on the built-in `tiny` (real weights) and on Llama 3 8B's full shape on
-   torch's meta device (shapes without memory or arithmetic).
-2. where the time goes: forward pre/post hooks stamp each step's modules during a normal forward
-   (a decode step and a prefill); the steps must add up to the whole forward within 10%, and the
-   remainder (residual adds, masks, Python) is reported. FLOPs per step from the shape formula
-   (llmlab.core.flops), cross-checked with FlopCounterMode's per-module counts; parameter bytes.
-3. what changes with size: the same split for larger `arch:` shapes (random weights), measured on
-   a few of their layers and scaled to the full layer count (labelled).
-4. "no secret sixth step": the hand run's logits equal the model's forward (FP32, 1e-5) and its
-   greedy word equals generate's.
-
-References:
-- transformers' LlamaForCausalLM (modeling_llama.py): embed_tokens -> rotary_emb -> each decoder
-  layer (input_layernorm, self_attn, residual, post_attention_layernorm, mlp, residual) -> norm -> lm_head.
-- torch.utils.flop_counter.FlopCounterMode; torch.nn.Module.register_forward_pre_hook / _hook.
-"""
+"""The five-steps lab's run: the walk through the model's own steps, and where the time goes."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from llmlab.core.device import Device, torch_threads
-from llmlab.core.results import Chart, Claim, Col, LabResult, View
+from llmlab.core.results import LabResult
 from llmlab.core.stats import summary
+from llmlab.labs.five_steps.config import LAB, VERSION, Config
 
-LAB = "five-steps"
-VERSION = 2  # 2: predicted shapes from the config and the tokenizer's count; SDPA's FLOPs counted on the CPU too
-JUDGE_VERSION = 2
 STEPS = ("1. embed", "2. attention", "3. MLP", "norms", "4. LM head", "5. sample")
-ADD_UP_TOL = 0.10  # the steps' stamps must cover the forward within 10% (the issue's tolerance)
 LOGIT_TOL = 1e-5  # hand run vs forward, FP32
-FLOP_TOL = 0.05  # formula vs FlopCounterMode
-SAMPLE_SHARE_MAX = 0.05  # "picking the word is a negligible share": under 5% of a decode step
-
-
-@dataclass(frozen=True)
-class Config:
-    model: str = "tiny"  # real weights: the words and probabilities mean something
-    big: str = "arch:llama-3-8b"  # the article's example, walked on the meta device (shapes only)
-    sizes: tuple[str, ...] = ("arch:qwen2.5-0.5b", "arch:llama-3.2-1b")  # part 3: larger shapes, random weights
-    size_layers: int = 2  # layers of each size actually run; attention and MLP are scaled to the full count
-    prompt: str = "The default value of the"  # a prompt from the tiny model's own domain (Python docs)
-    prefill_tokens: int = 256  # T of the timed prefill
-    context: int = 128  # tokens in the cache when the timed decode step runs
-    repeats: int = 15  # timed forwards per shape (median)
-    top_p: float = 0.9  # step 5 under top-p (and greedy)
-    threads: int = 1  # CPU: one thread, so the per-step stamps are not smeared by OpenMP waits
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.prefill_tokens < 2 or self.context < 1 or self.repeats < 1 or self.size_layers < 1:
-            raise ValueError("prefill tokens must be >= 2, context, repeats and size layers >= 1")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if not self.prompt.strip():
-            raise ValueError("--prompt must not be empty")
-
-    @classmethod
-    def quick(cls) -> Config:
-        return cls(sizes=(), prefill_tokens=48, context=32, repeats=4)
 
 
 # ---------------------------------------------------------------- the model's own steps
@@ -81,17 +24,21 @@ def parts(model) -> dict[str, list[torch.nn.Module]]:
     return {"1. embed": [inner.embed_tokens, inner.rotary_emb],
             "2. attention": [layer.self_attn for layer in inner.layers],
             "3. MLP": [layer.mlp for layer in inner.layers],
-            "norms": [n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] + [inner.norm],
+            "norms": [n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] +
+            [inner.norm],
             "4. LM head": [model.lm_head]}
 
 
 def hand_run(model, ids: torch.Tensor, record=None) -> torch.Tensor:
-    """The five steps' first four by hand, calling the model's submodules in order. Returns (B, V) logits of the last position."""
+    """The five steps' first four by hand, calling the model's submodules in order.
+
+    Returns the (B, V) logits of the last position."""
     inner = model.model
     t = ids.shape[1]
     h = inner.embed_tokens(ids)  # (B, T, d)
     pe = inner.rotary_emb(h, torch.arange(t, device=ids.device)[None])  # cos, sin: (1, T, head_dim)
-    mask = torch.full((t, t), float("-inf"), device=ids.device, dtype=h.dtype).triu(1)[None, None]  # (1, 1, T, T) causal
+    # (1, 1, T, T) causal
+    mask = torch.full((t, t), float("-inf"), device=ids.device, dtype=h.dtype).triu(1)[None, None]
     if record:
         record("1. embed", "token ids -> vectors", h)
     for i, layer in enumerate(inner.layers):
@@ -200,7 +147,8 @@ def _sample(logits: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def generator_on(device: torch.device, seed: int) -> torch.Generator:
-    """A seeded generator on `device`: a generator draws only on its own device (a CPU one cannot sample CUDA logits)."""
+    """A seeded generator on `device`: a generator draws only on its own device (a CPU one cannot sample CUDA
+    logits)."""
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -223,7 +171,8 @@ def candidate_rows(model, ids: torch.Tensor, tok, cfg: Config) -> list[dict]:
     picked_p = int(sampling.sample(logits, generator=generator_on(logits.device, cfg.seed), top_p=cfg.top_p)[0])
     greedy = int(logits.argmax(-1)[0])
     rows = [dict(rank=i + 1, word=_show(tok.decode([t])), token_id=int(t), probability=float(pr),
-                 greedy_pick=int(t) == greedy, top_p_pick=int(t) == picked_p) for i, (pr, t) in enumerate(zip(top.values, top.indices, strict=True))]
+                 greedy_pick=int(t) == greedy, top_p_pick=int(t) == picked_p) for i,
+                 (pr, t) in enumerate(zip(top.values, top.indices, strict=True))]
     if picked_p not in top.indices.tolist():
         rows.append(dict(rank=int((p > p[picked_p]).sum()) + 1, word=_show(tok.decode([picked_p])), token_id=picked_p,
                          probability=float(p[picked_p]), greedy_pick=False, top_p_pick=True))
@@ -297,7 +246,8 @@ def time_steps(model, cfg: Config, device: Device, label: str, full_layers: int)
                 clock.reset()
                 device.synchronize()
                 t0 = time.perf_counter()
-                logits = decode.forward(model, x, cache if phase == "decode" else decode.new_cache(model))[:, -1]  # (1, V)
+                # (1, V)
+                logits = decode.forward(model, x, cache if phase == "decode" else decode.new_cache(model))[:, -1]
                 device.synchronize()
                 t1 = time.perf_counter()
                 sampling.sample(logits.float(), generator=pick, top_p=cfg.top_p)
@@ -317,7 +267,8 @@ def time_steps(model, cfg: Config, device: Device, label: str, full_layers: int)
             rows.append(dict(model=label, layers=full_layers, layers_run=run_layers, phase=phase, tokens=new, step=s,
                              time_ms=1e3 * med[s] * k, flops=flops.get(s, 0) * (k if s != "5. sample" else 1),
                              counted_flops=counted.get(s, 0) * k, param_bytes=params.get(s, 0) * k,
-                             forward_ms=1e3 * (fwd + (scale - 1) * (med["2. attention"] + med["3. MLP"] + med["norms"])),
+                             forward_ms=1e3 * (fwd +
+                                               (scale - 1) * (med["2. attention"] + med["3. MLP"] + med["norms"])),
                              measured_forward_ms=1e3 * fwd, stamped_ms=1e3 * sum(med[s] for s in STEPS[:5])))
     return rows
 
@@ -334,7 +285,8 @@ def _flops(model, shape, phase: str, new: int, context: int, x: torch.Tensor):
     pairs = new * (context + 1) if phase == "decode" else new * new  # FlopCounterMode counts SDPA's dense T x T
     lin = {n: 2 * rows * k * m * c for n, k, m, c in t.matmuls() if n != "lm_head"}
     core = 4 * t.heads * t.head_dim * pairs * t.layers  # QK^T and PV
-    formula = {"2. attention": sum(v for n, v in lin.items() if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj"))) + core,
+    formula = {"2. attention": sum(v for n, v in lin.items() if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj"))) +
+               core,
                "3. MLP": sum(v for n, v in lin.items() if n in ("gate_proj", "up_proj", "down_proj")),
                "4. LM head": 2 * 1 * t.hidden * t.vocab}
     counted: dict[str, int] = {}
@@ -372,106 +324,3 @@ def share_rows(timing: list[dict]) -> list[dict]:
             out.append(dict(model=model, phase=phase, step=r.step, time_share=r.time_ms / tt, flop_share=r.flops / ft,
                             byte_share=r.param_bytes / bt))
     return out
-
-
-# ---------------------------------------------------------------- judge
-
-
-def judge(result: LabResult) -> list[Claim]:
-    """Every verdict from the tables alone."""
-    claims = []
-    t = result.tables
-    hc = t.get("hand_run")
-    if hc is not None and not hc.empty:
-        r = hc.iloc[0]
-        ok = r.max_abs_logit_diff <= r.tolerance and r.hand_token == r.generate_token
-        claims.append(Claim("five_steps.no_sixth_step", "the five steps are the whole computation",
-                            f"max |hand-run logit - forward logit| <= {r.tolerance:g} (FP32) and the hand run's argmax "
-                            "= generate's first token",
-                            f"max |diff| {r.max_abs_logit_diff:.1e}; token {int(r.hand_token)} vs {int(r.generate_token)}", ok))
-    walk = t.get("walk")
-    if walk is not None and not walk.empty:
-        both = walk if t.get("walk_big") is None else __import__("pandas").concat([walk, t["walk_big"]])
-        bad = both[(both["shape"] != both["expected"]) | ~both.apply(_id_in_vocab, axis=1)]
-        claims.append(Claim("five_steps.shapes_as_predicted", "each step turns (1, T) into (1, T, d), then (1, V)",
-                            "every step's shape = the prediction from the config and the tokenizer's count alone: "
-                            "(1, T), (1, T, d) x 4, (1, 1, V), (1,); and the sampled id in [0, V)",
-                            f"{len(both) - len(bad)}/{len(both)} steps as predicted"
-                            + ("" if bad.empty else f"; first off: {bad.iloc[0]['step']} {_shown(bad.iloc[0])}"), bad.empty))
-    tm = t.get("time")
-    if tm is not None and not tm.empty:
-        first = tm[tm.model == tm.model.iloc[0]]
-        dec = first[first.phase == "decode"].set_index("step")
-        fwd, stamped = dec.measured_forward_ms.iloc[0], dec.stamped_ms.iloc[0]
-        rem = 1 - stamped / fwd
-        claims.append(Claim("five_steps.steps_add_up", "the steps account for the whole forward",
-                            f"|1 - stamped steps / forward| <= {ADD_UP_TOL:.0%} (a decode step)", f"{stamped:.2f} of {fwd:.2f} ms "
-                            f"({rem:+.1%} remainder: residuals, masks, Python)", abs(rem) <= ADD_UP_TOL))
-        am = (dec.time_ms["2. attention"] + dec.time_ms["3. MLP"]) / dec.time_ms.sum()
-        claims.append(Claim("five_steps.attention_mlp_dominate", "attention and MLP, repeated per layer, take most of the time",
-                            "(attention + MLP) / all steps > 50% of a decode step's time", f"{am:.0%} ({first.model.iloc[0]}, decode)", am > 0.5))
-        sm = dec.time_ms["5. sample"] / dec.time_ms.sum()
-        claims.append(Claim("five_steps.sampling_negligible", "picking the word is a negligible share",
-                            f"sample / all steps < {SAMPLE_SHARE_MAX:.0%} of a decode step's time", f"{sm:.1%} ({dec.time_ms['5. sample']:.3f} ms)",
-                            sm < SAMPLE_SHARE_MAX))
-        c = tm[tm.counted_flops > 0]
-        old = "uncounted_flops" in c and (c.uncounted_flops > 0).any()  # a version-1 run: SDPA's core left out
-        err = ((c.flops - (c.uncounted_flops if old else 0)) / c.counted_flops - 1).abs().max()
-        skip = " (SDPA core excluded: a version-1 run)" if old else ""
-        claims.append(Claim("five_steps.flops_formula", "the shape formula gives each step's FLOPs",
-                            f"|formula / FlopCounterMode - 1| <= {FLOP_TOL:.0%} at every counted step (attention with "
-                            "its SDPA core, MLP, LM head)", f"worst step off by {err:.1%}{skip}", err <= FLOP_TOL))
-        models = list(dict.fromkeys(tm.model))
-        if len(models) > 1:
-            sh = __import__("pandas").DataFrame(share_rows(tm.to_dict("records")))
-            head = sh[(sh.phase == "decode") & (sh.step == "4. LM head")].set_index("model").time_share
-            claims.append(Claim("five_steps.lm_head_share_by_size", "the LM head's share changes with the model's shape",
-                                "largest vs tiny", " -> ".join(f"{m.split(':')[-1]} {head[m]:.0%}" for m in models),
-                                None, note="a description, not a test: which way it goes depends on vocab vs width x layers"))
-    return claims
-
-
-def _id_in_vocab(row) -> bool:
-    """The sample row's id lies in [0, V); other rows (and the meta walk, which draws no value) have none to check."""
-    tid = row.get("token_id")
-    return tid is None or tid != tid or 0 <= tid < row.get("vocab", float("inf"))  # tid != tid: NaN from a CSV
-
-
-def _shown(row) -> str:
-    tid = row.get("token_id")
-    return row["shape"] if tid is None or tid != tid else f"{row['shape']} id {int(tid)}"
-
-
-def headline(result: LabResult, claims: list[Claim]) -> str:
-    sh = result.tables.get("shares")
-    if sh is None or sh.empty:
-        return ""
-    d = sh[(sh.model == sh.model.iloc[0]) & (sh.phase == "decode")].set_index("step")
-    top = d.time_share.idxmax()
-    return (f"One decode step of {sh.model.iloc[0]}: {top} takes {d.time_share[top]:.0%} of the time; "
-            f"attention + MLP {d.time_share['2. attention'] + d.time_share['3. MLP']:.0%}, picking the word "
-            f"{d.time_share['5. sample']:.1%}.")
-
-
-def views(result: LabResult) -> list[View]:
-    cfg = result.config
-    return [
-        View("1. One word, five steps", f"What happens to {cfg.get('prompt', '')!r} on its way to the next word?", "walk",
-             (Col("step", "step"), Col("what", "what", width=40), Col("shape", "shape"))),
-        View("   ... the candidates after step 4, and step 5's pick", "Which words score highest, and which gets picked?",
-             "candidates", (Col("rank", "rank", "int"), Col("word", "word", width=16), Col("probability", "p", ".3f"),
-                            Col("greedy_pick", "greedy"), Col("top_p_pick", f"top-p {cfg.get('top_p', '')}"))),
-        View("   ... the same walk through Llama 3 8B (meta device: shapes only)", "How big is each step in the article's model?",
-             "walk_big", (Col("step", "step"), Col("what", "what", width=34), Col("shape", "shape"))),
-        View("2. Where the time goes", "Which step takes the time of one decode step and of one prefill?", "shares",
-             (Col("phase", "phase"), Col("step", "step"), Col("time_share", "time", "%"), Col("flop_share", "FLOPs", "%"),
-              Col("byte_share", "weight bytes", "%")),
-             rows=lambda df: df[df.model == df.model.iloc[0]],
-             chart=Chart("share of a decode step's time", "chart_decode", "step", "time_share", kind="bar",
-                         ylabel="share of time")),
-        View("3. What changes with size", "How does the split move as the model grows (decode step)?", "sizes",
-             (Col("model", "model"), Col("step", "step"), Col("time_share", "time", "%"), Col("flop_share", "FLOPs", "%"))),
-        View("4. No secret sixth step", "Do the five steps by hand give the model's own answer?", "hand_run",
-             (Col("max_abs_logit_diff", "max |logit diff|", ".1e"), Col("tolerance", "tolerance", ".0e"),
-              Col("hand_token", "by hand", "int"), Col("generate_token", "generate", "int"))),
-    ]
