@@ -97,7 +97,8 @@ def run_lab(lab: str, common: Common, **overrides) -> None:
         cfg = dataclasses.replace(base, **given)
     except ValueError as exc:  # Config.__post_init__ validates
         raise UsageError(str(exc)) from None
-    if hasattr(module, "check"):  # what a lab checks before it starts (an endpoint that must answer): exit 2
+    # what a lab checks before it starts (an endpoint that must answer) fails with one line and exit 2
+    if hasattr(module, "check"):
         cfg = module.check(cfg) or cfg  # a check may return the Config with what it found (an endpoint's card)
     _seed(common.seed)
     if common.device in ("auto", "") and common.gpu is None:

@@ -1,10 +1,14 @@
-"""Text for the page: escaped HTML, shortened messages, table cells, byte sizes, plurals."""
+"""Text for the page: escaped HTML, shortened messages, table cells, byte sizes, plurals.
+
+Cells and sizes read as in the terminal: a cell by render.fmt, a size as `llmlab env`'s card writes it.
+"""
 
 from __future__ import annotations
 
 import html
 from typing import Any
 
+from llmlab.cli.card import human_bytes
 from llmlab.core.render import fmt as render_fmt
 
 # A verdict's label and its CSS class, by Claim.holds.
@@ -40,13 +44,8 @@ def cell(v: Any, fmt: str = "", width: int = 0) -> str:
 
 
 def nbytes(n: Any) -> str:
-    """A size in bytes as "1.5 GiB" (binary units, 3 significant digits)."""
-    if not isinstance(n, (int, float)):
-        return str(n)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
+    """A size in bytes as `llmlab env`'s card writes it ("23.5 GiB"); a value that is not a number as saved."""
+    return human_bytes(n) if isinstance(n, (int, float)) else str(n)
 
 
 def plural(n: int, word: str) -> str:
