@@ -2,7 +2,7 @@
 
 The hand-off is a pull, as KV-transfer libraries do it (the decode worker reads when it is ready): rank 0
 announces a request on a side channel, a TCPStore key per hand-off (its index, the first token, the blocks
-it ships, two stamps), which rank 1 checks between two of its engine steps without blocking; rank 1 then
+it ships, the first token's stamp), which rank 1 checks between two of its engine steps without blocking; rank 1 then
 sends a one-element "ready" over the process group, and only then does rank 0 send the K/V. So the receiver
 times a transfer of which nothing was in flight before: one small message's latency plus bytes / rate, the
 model the link probe measures with the same pull. (A posted gloo irecv cannot be polled: its
@@ -181,7 +181,7 @@ def ship(eng: Engine, n: int, j: int, seq: Sequence, link: Link) -> dict:
     kv = torch.stack([c.view(layers, -1, bs, kv_heads, head_dim)[:, idx] for c in (r.k_cache, r.v_cache)])
     kv = kv.to(link.comm)  # (2, layers, nb, bs, kv_heads, head_dim)
     link.sync()
-    header = [j, seq.output_ids[0], nb, seq.token_ns[0], seq.first_chunk_ns]
+    header = [j, seq.output_ids[0], nb, seq.token_ns[0]]
     link.store.set(f"handoff/{n}", ",".join(map(str, header)))
     push(kv, link)
     return dict(request=j, arrival_ns=seq.arrival_ns, prefill_start_ns=seq.first_chunk_ns,
@@ -217,7 +217,7 @@ def receive(eng: Engine, w: Workload, header: list[int], long_p: list[list[int]]
             link: Link) -> tuple[dict, Sequence, list[int]]:
     """Pull one request's K/V into fresh prefix-cached blocks; submit prompt + first token for the rest of its
     reply. Returns (the hand-off's row, the sequence, the blocks held until it is admitted)."""
-    j, tok, nb, first_ns, _ = header
+    j, tok, nb, first_ns = header
     seen = now_ns()
     r, bs = eng.runner, eng.cfg.block_size
     layers, _, kv_heads, head_dim = r.k_cache.shape
