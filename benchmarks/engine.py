@@ -1,7 +1,7 @@
 """Benchmark: the serving engine's continuous batching against itself one request at a time and
 against HF `generate` with static batches, each side at its best batch size.
 
-Issue 13's performance goal, on the built-in `tiny`, 32 requests of 64 prompt and 64 output tokens
+The engine's performance goal, on the built-in `tiny`, 32 requests of 64 prompt and 64 output tokens
 (EOS ignored, like vLLM's --ignore-eos), greedy, all arriving at once, same run, output tokens/s:
 - the engine at its best max_num_seqs >= 3x the engine at max_num_seqs 1;
 - the engine at its best >= 1.5x HF `generate` at its best static batch. Both sides are swept in the
@@ -65,8 +65,18 @@ def run_hf(model, prompts: list[list[int]], new_tokens: int, batch: int, pad_id:
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group], device=dev)  # (b, width) left-padded
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=dev)
         with torch.inference_mode():
-            out = hf_generate(model, ids, new_tokens) if all(len(p) == width for p in group) else \
-                model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)[:, width:]
+            out = (
+                hf_generate(model, ids, new_tokens)
+                if all(len(p) == width for p in group)
+                else model.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                )[:, width:]
+            )
         n += out.numel()
     sync()
     return n / (time.perf_counter() - t0)
@@ -124,8 +134,11 @@ def main() -> None:
     per_round = lambda a, b: [x / y for x, y in zip(rates[a], rates[b], strict=True)]  # noqa: E731
     ratios = {"engine at its best / engine at max_num_seqs 1": per_round(eng, "engine at max_num_seqs 1"),
               "engine at its best / HF generate at its best": per_round(eng, hf)}
-    print(f"built-in tiny on {dev.spec}, {args.requests} requests x {args.prompt_len} prompt + {args.new_tokens} output tokens "
-          f"(greedy, EOS ignored), {args.rounds} rounds, torch threads {torch.get_num_threads()}")
+    print(
+        f"built-in tiny on {dev.spec}, {args.requests} requests x {args.prompt_len} prompt + {args.new_tokens} output "
+        f"tokens "
+        f"(greedy, EOS ignored), {args.rounds} rounds, torch threads {torch.get_num_threads()}"
+    )
     for k, v in rates.items():
         mark = "  <- best" if k in (eng, hf) else ""
         print(f"  {k:40s} {statistics.median(v):8.1f} output tokens/s (min {min(v):.1f}, max {max(v):.1f}){mark}")

@@ -164,7 +164,9 @@ def test_stopwatch_phases_add_up():
 
 def _result() -> LabResult:
     res = LabResult(lab="demo", version=3, config={"sizes": [1, 2]}, env={"utc_stamp": "20260101T000000Z"})
-    res.add_table("t", [{"size": 1, "latency_ms": 0.5, "name": "a"}, {"size": 2, "latency_ms": float("nan"), "name": "b"}])
+    res.add_table(
+        "t", [{"size": 1, "latency_ms": 0.5, "name": "a"}, {"size": 2, "latency_ms": float("nan"), "name": "b"}]
+    )
     res.claims = [Claim("demo.x", "x holds", "about 2", "2.1", True, "note"),
                   Claim("demo.y", "y", "-", "-", None, "not measured: no GPU")]
     res.skip("gpu_part", "no GPU")
@@ -250,9 +252,17 @@ def test_render_without_tty_is_plain_text():
 @pytest.mark.parametrize("kind", ["line", "scatter", "bar", "stacked"])
 def test_charts_draw(kind):
     res = LabResult(lab="demo", version=1)
-    res.add_table("t", pd.DataFrame({"x": [1, 10, 100], "a_ms": [1.0, 2.0, 3.0], "b_ms": [0.5, 0.5, 1.0], "s": ["p", "p", "q"]}))
+    res.add_table(
+        "t", pd.DataFrame({"x": [1, 10, 100], "a_ms": [1.0, 2.0, 3.0], "b_ms": [0.5, 0.5, 1.0], "s": ["p", "p", "q"]})
+    )
     y = ["a_ms", "b_ms"] if kind == "stacked" else "a_ms"
-    out = chart_text(res, Chart("title here", "t", "x", y, kind=kind, series="s" if kind == "line" else None, logx=kind == "line"), 60, 15, color=False)
+    out = chart_text(
+        res,
+        Chart("title here", "t", "x", y, kind=kind, series="s" if kind == "line" else None, logx=kind == "line"),
+        60,
+        15,
+        color=False,
+    )
     assert "title here" in out and "\x1b[" not in out
     assert len(out.splitlines()) >= 10
 
@@ -264,7 +274,7 @@ def test_fmt():
     assert fmt(None) == "-" and fmt(float("nan")) == "-" and fmt(True) == "yes"
 
 
-# ---------------------------------------------------------------- one interleaved timer, one stats module (issue 12 item 26)
+# ---------------------------------------------------------------- one interleaved timer, one stats module
 
 
 def test_interleaved_first_pass_then_alternating_rounds():

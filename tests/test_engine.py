@@ -8,9 +8,9 @@ import torch
 
 from llmlab.core.models import load
 from llmlab.inference.decode import generate
+from llmlab.inference.sampling import SamplingParams
 from llmlab.serving.engine.block_manager import BlockManager
 from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact, hf_logits
-from llmlab.inference.sampling import SamplingParams
 from llmlab.serving.engine.scheduler import RequestParams
 
 ATOL = 1e-4
@@ -27,7 +27,9 @@ def prompts_of(lengths, seed=0):
 
 
 def max_diff(model, prompts, got):
-    return max(float((g - hf_logits(model, p)[len(p) - g.shape[0]:]).abs().max()) for p, g in zip(prompts, got, strict=True))
+    return max(
+        float((g - hf_logits(model, p)[len(p) - g.shape[0] :]).abs().max()) for p, g in zip(prompts, got, strict=True)
+    )
 
 
 def reference(model, prompt, n):
@@ -41,7 +43,8 @@ def test_logits_equal_hf_for_a_ragged_batch(model):
     assert [g.shape[0] for g in got] == [3, 17, 40, 16]
     assert max_diff(model, prompts, got) <= ATOL
     first = eng.steps[0]
-    assert first.num_seqs == 4 and first.num_prefill_tokens == 76  # one ragged batch of 3 + 17 + 40 + 16 tokens, no padding
+    # one ragged batch of 3 + 17 + 40 + 16 tokens, no padding
+    assert first.num_seqs == 4 and first.num_prefill_tokens == 76
 
 
 def test_chunked_prefill_is_exact(model):
@@ -97,7 +100,8 @@ def test_continuous_batching_refills_the_batch(model):
     params = [RequestParams(max_tokens=n, ignore_eos=True) for n in (3, 10, 10, 10, 6, 6)]
     eng.generate(prompts, params)
     assert max(r.num_seqs for r in eng.steps) == 4
-    assert any(r.num_decodes > 0 and r.num_prefill_tokens > 0 for r in eng.steps)  # a newcomer prefilled beside running decodes
+    # a newcomer prefilled beside running decodes
+    assert any(r.num_decodes > 0 and r.num_prefill_tokens > 0 for r in eng.steps)
 
 
 def test_check_exact_and_seeded_sampling(model):
@@ -144,7 +148,8 @@ def test_check_exact_compares_every_computed_position_with_hf(model):
     r = check_exact(eng, prompts, max_new_tokens=5)
     # round 1: 33 + 9 prompt positions + 2 x 4 decodes; round 2 (prompt + reply + 3) recomputes past its cached blocks
     assert r["decode_positions"] >= 2 * 2 * 4 and r["positions"] > sum(map(len, prompts)) + 8
-    assert r["prefix_hit_tokens"] == 32  # a follow-up hits its first turn's full blocks: 33 + 4 computed = 2 blocks; 9 + 4 none
+    # a follow-up hits its first turn's full blocks: 33 + 4 computed = 2 blocks; 9 + 4 none
+    assert r["prefix_hit_tokens"] == 32
     assert r["max_abs_logit_diff"] <= ATOL and r["greedy_tokens_equal"] and r["atol"] == ATOL
 
 
@@ -234,8 +239,12 @@ def test_host_to_device_pins_and_copies_without_blocking_on_cuda(monkeypatch):
 
     seen = {}
     real_tensor = torch.tensor
-    monkeypatch.setattr(torch, "tensor", lambda *a, **kw: seen.update(pin=kw.pop("pin_memory", False)) or real_tensor(*a, **kw))
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, dev, non_blocking=False: seen.update(dev=str(dev), nb=non_blocking) or self)
+    monkeypatch.setattr(
+        torch, "tensor", lambda *a, **kw: seen.update(pin=kw.pop("pin_memory", False)) or real_tensor(*a, **kw)
+    )
+    monkeypatch.setattr(
+        torch.Tensor, "to", lambda self, dev, non_blocking=False: seen.update(dev=str(dev), nb=non_blocking) or self
+    )
     assert host_to_device([1, 2, 3], torch.device("cuda", 0)).tolist() == [1, 2, 3]
     assert seen == {"pin": True, "dev": "cuda:0", "nb": True}
     seen.clear()
@@ -274,7 +283,9 @@ def test_sampling_syncs_once_per_group_not_per_row(model, monkeypatch):
     calls = [0]
     for name in ("tolist", "item", "__bool__", "__int__", "__float__"):
         real = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _r=real, **k: calls.__setitem__(0, calls[0] + 1) or _r(self, *a, **k))
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _r=real, **k: calls.__setitem__(0, calls[0] + 1) or _r(self, *a, **k)
+        )
     eng = Engine(model, EngineConfig(num_blocks=4))
     logits = torch.randn(64, 4096)
 

@@ -1,4 +1,4 @@
-"""The terminal report (issue 21): fits the width, headers break only at spaces, stays short.
+"""The terminal report: fits the width, headers break only at spaces, stays short.
 
 Part one checks the layout on hand-made results; part two runs every lab in --quick mode
 through the CLI (saving its JSON) and re-renders it with `llmlab show` at 80 and 120 columns.
@@ -18,7 +18,7 @@ from rich.console import Console
 from llmlab.core.render import ascii_line, fmt, render, report_lines, table_lines
 from llmlab.core.results import Chart, Claim, Col, LabResult, View
 
-MAX_LINES = 120  # issue 21: a --quick report at 80 columns prints at most about 120 lines
+MAX_LINES = 120  # a --quick report at 80 columns prints at most about 120 lines
 
 
 def _result() -> LabResult:
@@ -62,7 +62,9 @@ def test_table_fits_and_headers_break_only_at_spaces(width):
     cols = VIEWS[0].cols
     lines, left = table_lines(df, cols, width)
     assert all(len(line.plain) <= width for line in lines)
-    rule = next(i for i, line in enumerate(lines) if set(line.plain.strip()) == {"─", " "} or set(line.plain.strip()) == {"─"})
+    rule = next(
+        i for i, line in enumerate(lines) if set(line.plain.strip()) == {"─", " "} or set(line.plain.strip()) == {"─"}
+    )
     words = {w for c in cols for w in c.header.split()}
     for line in lines[:rule]:
         assert set(line.plain.split()) <= words, line.plain  # a fragment would mean a word split in two
@@ -123,7 +125,9 @@ def _on_contract(lab: str) -> bool:
 
 def _cli(*args, columns: int, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS=str(columns), HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "llmlab", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "llmlab", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _check_report(text: str, width: int, lab: str) -> None:
@@ -154,7 +158,9 @@ def test_every_lab_quick_report_fits(lab, quick_run):
     claims, views, headline = judged(result)
     assert [(c.id, c.holds) for c in claims] == [(c["id"], c["holds"]) for c in d["claims"]]
     for width in (80, 120):
-        text = "\n".join(line.plain for line in report_lines(result, width, views=views, headline=headline, saved=saved))
+        text = "\n".join(
+            line.plain for line in report_lines(result, width, views=views, headline=headline, saved=saved)
+        )
         _check_report(text, width, lab)
     # the header of each view's table is never split inside a word, at 80 columns
     for v in views:
@@ -195,7 +201,9 @@ def test_show_rejudges_and_says_when_the_verdict_or_judge_changed(tmp_path, monk
 
     mod = types.ModuleType("llmlab.labs.standin")
     mod.JUDGE_VERSION = 2
-    mod.judge = lambda r: [Claim("standin.big", "x is big", "> 1", f"{r.tables['t'].x[0]}", bool(r.tables["t"].x[0] > 1))]
+    mod.judge = lambda r: [
+        Claim("standin.big", "x is big", "> 1", f"{r.tables['t'].x[0]}", bool(r.tables["t"].x[0] > 1))
+    ]
     mod.views = lambda r: [View("1. x", "How big is x?", "t", (Col("x", "x"),))]
     monkeypatch.setitem(sys.modules, "llmlab.labs.standin", mod)
     res = LabResult(lab="standin", version=1, judge_version=1, env={"utc_stamp": "20260101T000000Z"})

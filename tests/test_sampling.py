@@ -31,7 +31,14 @@ def _cases() -> dict[str, torch.Tensor]:
     peaked[:, 0] = 40.0  # one token holds ~all the mass; the rest underflow to prob 0
     two_tied_top = torch.full((2, V), -5.0)
     two_tied_top[:, 10] = two_tied_top[:, 20] = 3.0
-    return {"random": rnd, "ties": ties, "equal": equal, "with_inf": with_inf, "peaked": peaked, "two_tied_top": two_tied_top}
+    return {
+        "random": rnd,
+        "ties": ties,
+        "equal": equal,
+        "with_inf": with_inf,
+        "peaked": peaked,
+        "two_tied_top": two_tied_top,
+    }
 
 
 CASES = _cases()
@@ -74,7 +81,9 @@ def test_temperature_matches_hf(t):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("t,k,p,mp", [(0.7, 50, 0.9, 0.0), (1.3, 0, 0.8, 0.05), (1.0, 10, 1.0, 0.1), (0.5, 3, 0.5, 0.2)])
+@pytest.mark.parametrize(
+    "t,k,p,mp", [(0.7, 50, 0.9, 0.0), (1.3, 0, 0.8, 0.05), (1.0, 10, 1.0, 0.1), (0.5, 3, 0.5, 0.2)]
+)
 def test_pipeline_matches_hf_order(case, t, k, p, mp):
     x = CASES[case]
     hf = [TemperatureLogitsWarper(t)]
@@ -232,7 +241,7 @@ def test_sample_never_picks_removed_tokens():
         assert kept.gather(-1, ids[:, None]).all()
 
 
-# ----------------------------------------------------------------------------- a row with no token left (issue 12, item 8)
+# ----------------------------------------------------------------------------- a row with no token left
 
 
 def _one_dead_row() -> torch.Tensor:
@@ -286,7 +295,11 @@ def test_all_neg_inf_logit_row_raises_one_clear_value_error(name):
 def test_empty_probability_row_raises_one_clear_value_error(name, dead):
     fn = PROB_ENTRY_POINTS[name]
     fn(CASES["random"][:3].softmax(-1))  # a healthy batch goes through
-    p = _dead_probs() if dead.startswith("nan") else CASES["random"][:3].softmax(-1).index_fill(0, torch.tensor([1]), 0.0)
+    p = (
+        _dead_probs()
+        if dead.startswith("nan")
+        else CASES["random"][:3].softmax(-1).index_fill(0, torch.tensor([1]), 0.0)
+    )
     with pytest.raises(ValueError, match=r"^row 1 has no token to sample: .*as probabilities: all 0 or NaN"):
         fn(p)
 

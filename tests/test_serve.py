@@ -42,7 +42,8 @@ def post(base, path, body, headers=None, **kw):
 
 
 def metrics(base, **labels) -> dict:
-    """Every series summed over its labels but the histogram buckets' `le`; with labels, only the samples carrying them."""
+    """Every series summed over its labels but the histogram buckets' `le`; with labels, only the samples
+    carrying them."""
     out = {}
     for fam in text_string_to_metric_families(httpx.get(base + "/metrics").text):
         for s in fam.samples:
@@ -83,7 +84,9 @@ def test_stream_format_usage_and_timings(server):
     assert t["predicted_n"] == 6 and t["prompt_n"] + t["cache_n"] == usage_chunk["usage"]["prompt_tokens"]
     assert t["queue_ms"] >= 0 and t["prompt_ms"] > 0 and t["predicted_ms"] > 0
     # the same request without streaming gives the same greedy text
-    r2 = post(base, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+    r2 = post(
+        base, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    )
     body = r2.json()
     assert body["choices"][0]["text"] == "".join(c["choices"][0]["text"] for c in with_choices)
     assert body["usage"]["completion_tokens"] == 6 and "timings" in body
@@ -96,7 +99,11 @@ def test_chat_completions(server):
     body = r.json()
     assert r.status_code == 200 and body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant" and body["usage"]["completion_tokens"] <= 5
-    r = post(base, "/v1/chat/completions", {"messages": msgs, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "stream": True})
+    r = post(
+        base,
+        "/v1/chat/completions",
+        {"messages": msgs, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "stream": True},
+    )
     events = sse_events(r.text)
     first = json.loads(events[0])
     assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"]["role"] == "assistant"
@@ -108,8 +115,11 @@ def test_timings_consistent_with_client_stamps(server):
 
     async def go():
         async with httpx.AsyncClient(timeout=120) as c:
-            return await stream_completion(c, base + "/v1/completions", {"prompt": "import os\nimport sys\n", "max_tokens": 8,
-                                                                          "temperature": 0, "ignore_eos": True})
+            return await stream_completion(
+                c,
+                base + "/v1/completions",
+                {"prompt": "import os\nimport sys\n", "max_tokens": 8, "temperature": 0, "ignore_eos": True},
+            )
     rec = asyncio.run(go())
     assert rec.ok and rec.output_tokens == 8 and rec.output_tokens_source == "usage"
     t = rec.timings
@@ -135,7 +145,10 @@ def test_concurrent_requests_are_batched_and_counted(server):
                  "llmlab:request_decode_time_seconds_count"):
         assert after[name] - before.get(name, 0) == sent, name
     assert after["llmlab:generation_tokens_total"] - before.get("llmlab:generation_tokens_total", 0) == 12 * sent
-    assert after["llmlab:inter_token_latency_seconds_count"] - before.get("llmlab:inter_token_latency_seconds_count", 0) == 11 * sent
+    assert (
+        after["llmlab:inter_token_latency_seconds_count"] - before.get("llmlab:inter_token_latency_seconds_count", 0)
+        == 11 * sent
+    )
     assert after["llmlab:num_requests_running"] == 0
 
 
@@ -205,7 +218,8 @@ def test_client_keeps_failed_requests_and_never_writes_the_key(server, monkeypat
 def test_calculate_metrics_follows_vllm_definitions():
     ms = 1_000_000
     a = RequestRecord(0, send_ns=0, chunk_ns=[100 * ms, 110 * ms, 130 * ms], output_tokens=3, prompt_tokens=5)
-    b = RequestRecord(1, send_ns=0, chunk_ns=[200 * ms, 240 * ms], output_tokens=4, prompt_tokens=5)  # usage: 4 tokens in 2 chunks
+    # usage: 4 tokens in 2 chunks
+    b = RequestRecord(1, send_ns=0, chunk_ns=[200 * ms, 240 * ms], output_tokens=4, prompt_tokens=5)
     c = RequestRecord(2, error="HTTP 500: boom")
     w = RequestRecord(3, warmup=True, send_ns=0, chunk_ns=[9000 * ms], output_tokens=1)
     m = calculate_metrics([a, b, c, w], duration_s=2.0)
@@ -214,7 +228,11 @@ def test_calculate_metrics_follows_vllm_definitions():
     assert math.isclose(m.mean_itl_ms, (10 + 20 + 40) / 3)  # pooled gaps between chunks
     assert math.isclose(m.mean_tpot_ms, ((130 - 100) / 2 + (240 - 200) / 3) / 2)  # (E2EL - TTFT) / (tokens - 1)
     assert math.isclose(m.mean_e2el_ms, (130 + 240) / 2)
-    assert m.total_output_tokens == 7 and math.isclose(m.output_throughput, 3.5) and math.isclose(m.request_throughput, 1.0)
+    assert (
+        m.total_output_tokens == 7
+        and math.isclose(m.output_throughput, 3.5)
+        and math.isclose(m.request_throughput, 1.0)
+    )
 
 
 def test_a_port_in_use_exits_2_with_one_line(server):
@@ -227,7 +245,7 @@ def test_a_port_in_use_exits_2_with_one_line(server):
 
 
 def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
-    """Issue 14: `llmlab serving --endpoint` measures a real server with the same metric definitions as the
+    """`llmlab serving --endpoint` measures a real server with the same metric definitions as the
     in-process engine: both turn their stamps into RequestRecords and go through one calculate_metrics."""
     import random
 
@@ -238,7 +256,9 @@ def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
     from llmlab.serving.engine.scheduler import RequestParams
 
     base, _ = server
-    cfg = S.Config(concurrencies=(1, 2), max_concurrency=2, requests_per_level=1, prompt_len=8, output_len=6, endpoint=base)
+    cfg = S.Config(
+        concurrencies=(1, 2), max_concurrency=2, requests_per_level=1, prompt_len=8, output_len=6, endpoint=base
+    )
     res = LabResult.new(S.LAB, S.VERSION, cfg)
     S.part_endpoint(res, cfg, 4096, random.Random(0))
     ep = res.tables["concurrency"].set_index("concurrency")
@@ -250,15 +270,22 @@ def test_serving_lab_endpoint_mode_has_the_in_process_definitions(server):
     assert rec.ttft_s == pytest.approx((seq.token_ns[0] - seq.arrival_ns) / 1e9)  # TTFT: first token - arrival/send
     assert rec.itl_s == pytest.approx([(b - a) / 1e9 for a, b in zip(seq.token_ns, seq.token_ns[1:])])  # noqa: B905
     m = calculate_metrics([rec], 1.0)
-    assert m.completed == 1 and m.total_output_tokens == 4 and set(vars(m)) >= {"p50_ttft_ms", "p99_itl_ms", "p50_tpot_ms"}
+    assert (
+        m.completed == 1 and m.total_output_tokens == 4 and set(vars(m)) >= {"p50_ttft_ms", "p99_itl_ms", "p50_tpot_ms"}
+    )
 
 
-# ---------------------------------------------------------------- any request: a 4xx or its answer, then a normal request
+# ------------------------------------------------------------- any request: a 4xx or its answer, then a normal request
 
 
 def normal(base, **kw) -> dict:
     """A normal greedy request succeeds (what every reliability test checks after its bad request)."""
-    r = post(base, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 3, "temperature": 0, "ignore_eos": True}, **kw)
+    r = post(
+        base,
+        "/v1/completions",
+        {"prompt": "def add(a, b):", "max_tokens": 3, "temperature": 0, "ignore_eos": True},
+        **kw,
+    )
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
     return r.json()
@@ -269,7 +296,11 @@ def wait_idle(base, timeout=30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(base)
-        idle = (m["llmlab:num_requests_running"], m["llmlab:num_requests_waiting"], m["llmlab:kv_cache_usage_perc"]) == (0, 0, 0)
+        idle = (
+            m["llmlab:num_requests_running"],
+            m["llmlab:num_requests_waiting"],
+            m["llmlab:kv_cache_usage_perc"],
+        ) == (0, 0, 0)
         if idle or time.monotonic() > deadline:
             return m
         time.sleep(0.1)
@@ -303,7 +334,9 @@ def test_a_body_over_the_cap_is_413_before_it_is_read(server):
 
     big = json.dumps({"prompt": "a" * (MAX_BODY_BYTES + 10), "max_tokens": 1})
     r = post(base, "/v1/completions", big)
-    assert r.status_code == 413 and r.json()["error"]["code"] == 413 and r.json()["error"]["type"] == "request_too_large"
+    assert (
+        r.status_code == 413 and r.json()["error"]["code"] == 413 and r.json()["error"]["type"] == "request_too_large"
+    )
     def chunks():  # no Content-Length: the streamed count stops it
         for _ in range(MAX_BODY_BYTES // 65536 + 2):
             yield b" " * 65536
@@ -318,7 +351,9 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(server)
     r = post(base, "/v1/completions", {"prompt": "def f(x):\n    return x\n" * 40_000, "max_tokens": 1})  # ~1 MB
     assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text
     assert r.json()["error"]["param"] == "prompt"
-    r = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 200_000}], "max_tokens": 1})
+    r = post(
+        base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 200_000}], "max_tokens": 1}
+    )
     assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
     # just past the context in tokens, within the character bound: counted exactly (off the event loop)
     r = post(base, "/v1/completions", {"prompt": " x" * (KV_BLOCKS * 16 + 5), "max_tokens": 1})
@@ -335,7 +370,8 @@ def test_a_non_streamed_request_whose_client_leaves_is_aborted(server):
         httpx.post(base + "/v1/completions", json=body, timeout=1.0)  # 900 tokens take seconds: the client leaves first
     m = wait_idle(base)
     assert (m["llmlab:num_requests_running"], m["llmlab:kv_cache_usage_perc"]) == (0, 0)
-    assert metrics(base, finished_reason="abort")["llmlab:request_success_total"] == before + 1  # not "length": cut short
+    # not "length": cut short
+    assert metrics(base, finished_reason="abort")["llmlab:request_success_total"] == before + 1
     normal(base)
 
 
@@ -377,7 +413,11 @@ def test_the_gauges_return_to_zero_once_idle(server):
     for stop in ("e", "\n", " "):
         post(base, "/v1/completions", {**body, "stream": False, "stop": stop})
     m = wait_idle(base)
-    assert (m["llmlab:num_requests_running"], m["llmlab:num_requests_waiting"], m["llmlab:kv_cache_usage_perc"]) == (0, 0, 0)
+    assert (m["llmlab:num_requests_running"], m["llmlab:num_requests_waiting"], m["llmlab:kv_cache_usage_perc"]) == (
+        0,
+        0,
+        0,
+    )
     assert stats(base)["blocks_in_use"] == 0
     normal(base)
 
@@ -424,15 +464,28 @@ def test_unknown_routes_and_methods_are_openai_shaped(server):
 ])
 def test_options_this_server_cannot_honour_are_400_naming_the_field(server, path, extra, field):
     base, _ = server
-    body = {"max_tokens": 2, **({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})}
+    body = {
+        "max_tokens": 2,
+        **({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}),
+    }
     r = post(base, path, {**body, **extra})
-    assert r.status_code == 400 and r.json()["error"]["param"] == field and field in r.json()["error"]["message"], r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == field and field in r.json()["error"]["message"], (
+        r.text
+    )
     normal(base)
 
 
 def test_no_op_values_of_those_options_are_served(server):
     base, _ = server
-    noop = {"n": 1, "logprobs": None, "best_of": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "user": "u1"}
+    noop = {
+        "n": 1,
+        "logprobs": None,
+        "best_of": 1,
+        "frequency_penalty": 0,
+        "presence_penalty": 0.0,
+        "logit_bias": {},
+        "user": "u1",
+    }
     r = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **noop})
     assert r.status_code == 200, r.text
     r = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
@@ -446,9 +499,24 @@ def test_n_choices_are_n_sequences_choice_i_sampled_with_seed_plus_i(server):
     alone = [post(base, "/v1/completions", {**body, "seed": 7 + i}).json()["choices"][0]["text"] for i in range(3)]
     r = post(base, "/v1/completions", {**body, "seed": 7, "n": 3}).json()
     assert [c["index"] for c in r["choices"]] == [0, 1, 2] and [c["text"] for c in r["choices"]] == alone
-    assert r["usage"]["completion_tokens"] == 18 and r["usage"]["prompt_tokens"] == post(base, "/tokenize", {"prompt": body["prompt"]}).json()["count"]
-    s = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1.0,
-                                            "seed": 7, "n": 2, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    assert (
+        r["usage"]["completion_tokens"] == 18
+        and r["usage"]["prompt_tokens"] == post(base, "/tokenize", {"prompt": body["prompt"]}).json()["count"]
+    )
+    s = post(
+        base,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "seed": 7,
+            "n": 2,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     chunks = [json.loads(e) for e in sse_events(s.text)[:-1]]
     text, reasons, roles = {0: "", 1: ""}, {0: [], 1: []}, {0: [], 1: []}
     for c in chunks:
@@ -456,9 +524,22 @@ def test_n_choices_are_n_sequences_choice_i_sampled_with_seed_plus_i(server):
             text[ch["index"]] += ch["delta"].get("content", "")
             reasons[ch["index"]].append(ch["finish_reason"])
             roles[ch["index"]].append(ch["delta"].get("role"))
-    assert all(reasons[i][-1] == "length" and roles[i][0] == "assistant" for i in (0, 1)) and chunks[-1]["usage"]["completion_tokens"] == 8
-    whole = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1.0,
-                                                "seed": 7, "n": 2, "ignore_eos": True}).json()
+    assert (
+        all(reasons[i][-1] == "length" and roles[i][0] == "assistant" for i in (0, 1))
+        and chunks[-1]["usage"]["completion_tokens"] == 8
+    )
+    whole = post(
+        base,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "seed": 7,
+            "n": 2,
+            "ignore_eos": True,
+        },
+    ).json()
     assert [c["message"]["content"] for c in whole["choices"]] == [text[0], text[1]]
     assert wait_idle(base)["llmlab:num_requests_running"] == 0
 
@@ -473,12 +554,24 @@ def test_echo_returns_the_prompt_before_the_completion(server):
     assert "".join(got) == body["prompt"] + plain
 
 
-@pytest.mark.parametrize("extra, field", [
-    ({"max_tokens": "5"}, "max_tokens"), ({"max_tokens": True}, "max_tokens"), ({"max_tokens": 5.0}, "max_tokens"),
-    ({"stream": "yes"}, "stream"), ({"stream": 1}, "stream"), ({"temperature": "0.5"}, "temperature"),
-    ({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p"), ({"seed": 1.5}, "seed"), ({"stop": [1]}, "stop"),
-    ({"prompt": [1, True]}, "prompt"), ({"ignore_eos": "true"}, "ignore_eos"), ({"stream_options": {"include_usage": 1}}, "stream_options"),
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": 5.0}, "max_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream": 1}, "stream"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": [1]}, "stop"),
+        ({"prompt": [1, True]}, "prompt"),
+        ({"ignore_eos": "true"}, "ignore_eos"),
+        ({"stream_options": {"include_usage": 1}}, "stream_options"),
+    ],
+)
 def test_loose_types_and_out_of_range_values_are_400(server, extra, field):
     base, _ = server
     r = post(base, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **extra})
@@ -508,12 +601,19 @@ def test_metrics_carry_the_model_name_label(server):
 def test_host_header_and_cross_origin_posts_are_checked(server, headers, status):
     base, _ = server
     body = json.dumps({"prompt": "hi", "max_tokens": 1})
-    r = httpx.post(base + "/v1/completions", content=body, headers={"content-type": "application/json", **headers}, timeout=60)
+    r = httpx.post(
+        base + "/v1/completions", content=body, headers={"content-type": "application/json", **headers}, timeout=60
+    )
     assert r.status_code == status, r.text
     if status != 200:
         assert r.json()["error"]["code"] == status
     same = {"origin": base}  # a page the server itself served may post
-    assert httpx.post(base + "/v1/completions", content=body, headers={"content-type": "application/json", **same}).status_code == 200
+    assert (
+        httpx.post(
+            base + "/v1/completions", content=body, headers={"content-type": "application/json", **same}
+        ).status_code
+        == 200
+    )
 
 
 def test_an_api_key_guards_every_route_but_health_and_is_never_printed(monkeypatch):
@@ -579,7 +679,11 @@ def test_the_pool_on_cuda_is_what_the_served_gpus_free_memory_holds(monkeypatch)
     free = [8 * gib]
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=None: asked.append(i) or (free[0], 16 * gib))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=None: asked.append(i) or types.SimpleNamespace(total_memory=16 * gib))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i=None: asked.append(i) or types.SimpleNamespace(total_memory=16 * gib),
+    )
     dev = Device("cuda:1")
     n = launch.size_pool(model, dev, None, 16, 0.9, 64, 512)
     assert set(asked) == {1}  # the GPU it serves on, not cuda:0

@@ -23,36 +23,61 @@ scalars = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.floats(-3, 3), st.text(max_size=12),
     st.sampled_from(["", "\ud800", "\x00", "tiny", "gpt-4", "yes", "5", "NaN", "\n"]),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-                      max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
 TYPED = {  # each field with a value of its own type, edge values included
-    "model": st.sampled_from(["tiny", "gpt-4"]), "temperature": st.sampled_from([0.0, 1e-40, 0.7, 2.0]),
-    "top_p": st.floats(1e-9, 1.0), "top_k": st.integers(-1, 50), "min_p": st.floats(0.0, 1.0), "seed": st.integers(-(2**63), 2**63 - 1),
-    "stop": st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3)), "stream": st.booleans(),
-    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}), "ignore_eos": st.booleans(),
-    "n": st.just(1), "logprobs": st.none(), "user": st.text(max_size=5),
+    "model": st.sampled_from(["tiny", "gpt-4"]),
+    "temperature": st.sampled_from([0.0, 1e-40, 0.7, 2.0]),
+    "top_p": st.floats(1e-9, 1.0),
+    "top_k": st.integers(-1, 50),
+    "min_p": st.floats(0.0, 1.0),
+    "seed": st.integers(-(2**63), 2**63 - 1),
+    "stop": st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3)),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+    "ignore_eos": st.booleans(),
+    "n": st.just(1),
+    "logprobs": st.none(),
+    "user": st.text(max_size=5),
 }
 SHORT = {"max_tokens": st.integers(1, 6)}  # always given (a mutation may change it): the defaults run up to 256 tokens
-completion = st.fixed_dictionaries({"prompt": st.one_of(st.text(max_size=60), st.lists(st.integers(0, 4095), min_size=1, max_size=20)),
-                                    **SHORT},
-                                   optional={**TYPED, "echo": st.booleans()})
-chat = st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
-                                                                         "content": st.text(max_size=40)}), min_size=1, max_size=3),
-                              **SHORT},
-                             optional=TYPED)
+completion = st.fixed_dictionaries(
+    {"prompt": st.one_of(st.text(max_size=60), st.lists(st.integers(0, 4095), min_size=1, max_size=20)), **SHORT},
+    optional={**TYPED, "echo": st.booleans()},
+)
+chat = st.fixed_dictionaries(
+    {
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=40)}
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+        **SHORT,
+    },
+    optional=TYPED,
+)
 ANY_FIELD = sorted(set(CompletionRequest.model_fields) | set(ChatRequest.model_fields) | {"junk", "prompt", "messages"})
 
 
 def mutated(body: st.SearchStrategy) -> st.SearchStrategy:
     """A well-typed body with up to two fields set to anything at all."""
-    return st.tuples(body, st.dictionaries(st.sampled_from(ANY_FIELD), values, max_size=2)).map(lambda t: {**t[0], **t[1]})
+    return st.tuples(body, st.dictionaries(st.sampled_from(ANY_FIELD), values, max_size=2)).map(
+        lambda t: {**t[0], **t[1]}
+    )
 
 
 requests = st.one_of(
     st.tuples(st.just("/v1/completions"), st.one_of(completion, mutated(completion))),
     st.tuples(st.just("/v1/chat/completions"), st.one_of(chat, mutated(chat))),
     st.tuples(st.just("/tokenize"), mutated(st.fixed_dictionaries({"prompt": st.text(max_size=30)}))),
-    st.tuples(st.just("/detokenize"), mutated(st.fixed_dictionaries({"tokens": st.lists(st.integers(-1, 5000), max_size=8)}))),
+    st.tuples(
+        st.just("/detokenize"), mutated(st.fixed_dictionaries({"tokens": st.lists(st.integers(-1, 5000), max_size=8)}))
+    ),
 )
 routes = st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
 raw_text = st.sampled_from(['{"prompt": "a", "temperature": NaN}', '{"prompt": ' + "[" * 5000 + "]" * 5000 + "}",
@@ -81,7 +106,12 @@ def normal_request_succeeds(client: httpx.Client) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(request=requests)
 def test_any_json_request_is_answered_without_a_5xx(server, request):
     route, body = request
@@ -90,7 +120,12 @@ def test_any_json_request_is_answered_without_a_5xx(server, request):
     normal_request_succeeds(server)
 
 
-@settings(max_examples=len(raw_text.elements) * 2, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=len(raw_text.elements) * 2,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(route=routes, raw=raw_text)
 def test_any_raw_body_is_answered_without_a_5xx(server, route, raw):
     assert 400 <= send(server, route, raw) < 500

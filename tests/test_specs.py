@@ -1,4 +1,4 @@
-"""Spec-sheet lookup (issue 12 items 11, 17): one name per row, MIG, the CPU clock a spec uses."""
+"""Spec-sheet lookup: one name per row, MIG, the CPU clock a spec uses."""
 
 from __future__ import annotations
 
@@ -62,7 +62,9 @@ def test_spec_name_not_in_table_is_unknown(name):
 def test_every_row_is_found_by_its_own_name():
     # each row's name, as torch prints it ("NVIDIA " + the board), finds that row and not an earlier one
     for _, spec in specs.GPU_SPECS:
-        board = spec.name.replace(" SXM", "").replace("GH200 96GB HBM3", "GH200").replace("GH200 144GB HBM3e", "GH200 144G")
+        board = (
+            spec.name.replace(" SXM", "").replace("GH200 96GB HBM3", "GH200").replace("GH200 144GB HBM3e", "GH200 144G")
+        )
         board = board.replace("A100 40GB", "A100-PCIE-40GB")
         assert specs.gpu_spec(f"NVIDIA {board}").name == spec.name, spec.name
 
@@ -102,7 +104,9 @@ def _clocks(monkeypatch, tmp_path, cpufreq_khz=None, lscpu_mhz=None, cpuinfo_mhz
         f.write_text(f"{cpufreq_khz}\n")
     monkeypatch.setattr(devmod, "_CPUFREQ_MAX", f)
     monkeypatch.setattr(devmod, "_lscpu_max_mhz", lambda: lscpu_mhz)
-    monkeypatch.setattr(devmod, "_cpuinfo", lambda: {"cpu MHz": cpuinfo_mhz, "model name": "Test CPU", "flags": "avx2 fma"})
+    monkeypatch.setattr(
+        devmod, "_cpuinfo", lambda: {"cpu MHz": cpuinfo_mhz, "model name": "Test CPU", "flags": "avx2 fma"}
+    )
     monkeypatch.setattr(specs, "cpu_cores", lambda: {"logical": 2, "physical": 2})
 
 

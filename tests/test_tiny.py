@@ -82,7 +82,9 @@ def test_micro_training_loss_falls(tmp_path):
     assert sum(last) / 5 < sum(first) / 5 - 0.2
     assert report.draft_losses[-1] < report.draft_losses[0]
     assert len(seen) == cfg.target_steps + cfg.draft_steps
-    assert (tmp_path / "tiny" / "model.safetensors").is_file() and (tmp_path / "tiny-draft" / "tokenizer.json").is_file()
+    assert (tmp_path / "tiny" / "model.safetensors").is_file() and (
+        tmp_path / "tiny-draft" / "tokenizer.json"
+    ).is_file()
 
 
 def test_micro_training_is_reproducible(tmp_path):
@@ -200,7 +202,8 @@ def test_loop_period_finds_short_loops_only():
     assert evaluate.loop_period([9] * 16) == 1 and evaluate.loop_period([9] * 15) is None  # 16 tokens make a loop
     assert evaluate.loop_period(list(range(64))) is None
     assert evaluate.loop_period(list(range(9)) * 7) is None  # period 9: past the check's 8
-    assert evaluate.loop_period([1, 2, 3, 4, 5, 6, 7, 8] * 2 + list(range(10, 58))) is None  # two readings are not a loop
+    # two readings are not a loop
+    assert evaluate.loop_period([1, 2, 3, 4, 5, 6, 7, 8] * 2 + list(range(10, 58))) is None
 
 
 class _Copier:

@@ -330,7 +330,9 @@ def _lscpu_max_mhz() -> float | None:
     if not shutil.which("lscpu"):
         return None
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5, env={**os.environ, "LC_ALL": "C"}).stdout
+        out = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, timeout=5, env={**os.environ, "LC_ALL": "C"}
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"^CPU max MHz:\s*([\d.]+)", out, re.M)
@@ -447,9 +449,11 @@ def nvml_handle(nvml, index: int):
     raise LookupError(f"no NVML handle for cuda:{index} ({'; '.join(reasons)})")
 
 
+# one value per board, never per MIG slice
 WHOLE_GPU_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temp_c", "throttle",
-                    "max_sm_clock_mhz", "max_mem_clock_mhz", "power_limit_w")  # one value per board, never per MIG slice
-WHOLE_GPU_NOTE = "MIG slice: clocks, power, temperature and throttle reasons are the parent GPU's (whole-GPU, shared by every slice)"
+                    "max_sm_clock_mhz", "max_mem_clock_mhz", "power_limit_w")
+WHOLE_GPU_NOTE = ("MIG slice: clocks, power, temperature and throttle reasons are the parent GPU's "
+                  "(whole-GPU, shared by every slice)")
 
 
 def nvml_parent(nvml, handle):

@@ -76,7 +76,10 @@ def _buffer_address(obj) -> int:
 
     view = Py_buffer()
     get, release = ctypes.pythonapi.PyObject_GetBuffer, ctypes.pythonapi.PyBuffer_Release
-    get.argtypes, release.argtypes = [ctypes.py_object, ctypes.POINTER(Py_buffer), ctypes.c_int], [ctypes.POINTER(Py_buffer)]
+    get.argtypes, release.argtypes = (
+        [ctypes.py_object, ctypes.POINTER(Py_buffer), ctypes.c_int],
+        [ctypes.POINTER(Py_buffer)],
+    )
     if get(obj, ctypes.byref(view), 0) != 0:
         raise OSError("the object has no buffer")
     try:

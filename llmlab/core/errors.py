@@ -1,4 +1,4 @@
-"""The two failures a lab can report, each with its exit code (see DESIGN.md, exit codes)."""
+"""The two failures a lab can report, each with its exit code: 2 for bad usage, 3 for a measurement that cannot run."""
 
 
 class UsageError(Exception):

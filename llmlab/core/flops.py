@@ -65,8 +65,16 @@ class Shape:
     def matmuls(self) -> list[tuple[str, int, int, int]]:
         """(name, K, N, count per forward) of every weight matmul: (M, K) @ (K, N)."""
         h, hd, q, kv, i, n = self.hidden, self.head_dim, self.heads, self.kv_heads, self.intermediate, self.layers
-        return [("q_proj", h, q * hd, n), ("k_proj", h, kv * hd, n), ("v_proj", h, kv * hd, n), ("o_proj", q * hd, h, n),
-                ("gate_proj", h, i, n), ("up_proj", h, i, n), ("down_proj", i, h, n), ("lm_head", h, self.vocab, 1)]
+        return [
+            ("q_proj", h, q * hd, n),
+            ("k_proj", h, kv * hd, n),
+            ("v_proj", h, kv * hd, n),
+            ("o_proj", q * hd, h, n),
+            ("gate_proj", h, i, n),
+            ("up_proj", h, i, n),
+            ("down_proj", i, h, n),
+            ("lm_head", h, self.vocab, 1),
+        ]
 
     @property
     def matmul_params(self) -> int:
@@ -106,7 +114,8 @@ class Cost:
 
 
 def _linear(shape: Shape, rows: int, head_rows: int, elem: int) -> tuple[int, int, int]:
-    """(FLOPs, weight bytes, activation bytes) of the weight matmuls: `rows` through each layer, `head_rows` through the LM head."""
+    """(FLOPs, weight bytes, activation bytes) of the weight matmuls: `rows` through each layer, `head_rows`
+    through the LM head."""
     flops = weight = act = 0
     for name, k, n, count in shape.matmuls():
         m = head_rows if name == "lm_head" else rows

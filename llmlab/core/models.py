@@ -235,7 +235,9 @@ def load_tokenizer(ref: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(loc, trust_remote_code=trust_remote_code, local_files_only=_local_only(kind))
+        return AutoTokenizer.from_pretrained(
+            loc, trust_remote_code=trust_remote_code, local_files_only=_local_only(kind)
+        )
     except (OSError, ValueError) as exc:
         if kind == "hub":
             raise _hub_error(ref, exc) from None

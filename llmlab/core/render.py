@@ -99,7 +99,9 @@ def _sig(v: float, digits: int = 4) -> str:
 # ---------------------------------------------------------------- tables
 
 
-def table_lines(df: pd.DataFrame, cols: Iterable[Col], width: int, max_rows: int | None = None) -> tuple[list[Text], int]:
+def table_lines(
+    df: pd.DataFrame, cols: Iterable[Col], width: int, max_rows: int | None = None
+) -> tuple[list[Text], int]:
     """Lay out `df[cols]` in `width` characters. Returns (lines, number of columns left out).
 
     Each column is as wide as its longest cell and its longest header word; leftover width
@@ -259,7 +261,11 @@ def header_lines(result: LabResult, width: int) -> list[Text]:
 
 
 def view_lines(result: LabResult, view: View, width: int, color: bool) -> list[Text]:
-    lines = [Text(""), *_wrap(view.title, width, style="bold cyan"), *_wrap(view.question, width, INDENT, style="italic")]
+    lines = [
+        Text(""),
+        *_wrap(view.title, width, style="bold cyan"),
+        *_wrap(view.question, width, INDENT, style="italic"),
+    ]
     df = result.tables.get(view.table)
     if df is None or df.empty:
         why = result.skipped.get(view.table, "no data in this run")

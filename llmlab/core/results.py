@@ -228,7 +228,8 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def check_writable(out_dir: Path) -> None:
-    """Raise UsageError before any measurement if results could not be saved in out_dir (creating it if its parent exists)."""
+    """Raise UsageError before any measurement if results could not be saved in out_dir (creating it if its
+    parent exists)."""
     from llmlab.core.errors import UsageError
 
     if str(out_dir).strip() == "":

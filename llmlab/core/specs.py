@@ -31,8 +31,11 @@ class GpuSpec:
     note: str = ""
 
     def peak_tflops(self, dtype: str) -> float | None:
-        return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops, "fp32": self.fp32_tflops}.get(dtype)
+        peaks = {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops, "fp32": self.fp32_tflops}
+        return peaks.get(dtype)
 
+
+_GEFORCE = "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate ({})"
 
 # Matched against torch.cuda.get_device_name() as case-insensitive regular expressions on word
 # boundaries, first match wins, so the more specific rows come first: "L40" is not "L4", "GH200" is
@@ -56,16 +59,20 @@ GPU_SPECS: list[tuple[str, GpuSpec]] = [
     (r"\bL4\b", GpuSpec("L4", 121.0, 121.0, 60.0, 30.3, 300)),
     (r"\bA10\b", GpuSpec("A10", 125.0, 125.0, 62.5, 31.2, 600)),
     (r"\bT4\b", GpuSpec("T4", None, 65.0, None, 8.1, 320, "Turing: no BF16 or TF32 tensor cores")),
-    (r"\bRTX 4090\b(?!.*\b(?:Laptop|D)\b)", GpuSpec("RTX 4090", 165.2, 165.2, 82.6, 82.6, 1008, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (330)")),
-    (r"\bRTX 3090\b(?!\s*Ti\b)", GpuSpec("RTX 3090", 71.0, 71.0, 35.6, 35.6, 936, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (142)")),
+    (r"\bRTX 4090\b(?!.*\b(?:Laptop|D)\b)", GpuSpec("RTX 4090", 165.2, 165.2, 82.6, 82.6, 1008, _GEFORCE.format(330))),
+    (r"\bRTX 3090\b(?!\s*Ti\b)", GpuSpec("RTX 3090", 71.0, 71.0, 35.6, 35.6, 936, _GEFORCE.format(142))),
     # NVIDIA Ada GPU architecture whitepaper (v2.1), appendix tables: RTX 4080 (76 SMs, 2505 MHz boost,
     # 22.4 Gbps x 256-bit GDDR6X), RTX 4070 (46 SMs, 2475 MHz, 21 Gbps x 192-bit), RTX 6000 Ada (142 SMs,
     # 2505 MHz, 20 Gbps x 384-bit GDDR6; a workstation card: full-rate FP32 accumulate).
-    (r"\bRTX 4080\b(?!.*\b(?:SUPER|Laptop)\b)", GpuSpec("RTX 4080", 97.5, 97.5, 48.7, 48.7, 716.8, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (195)")),
-    (r"\bRTX 4070\b(?!.*\b(?:Ti|SUPER|Laptop)\b)", GpuSpec("RTX 4070", 58.3, 58.3, 29.1, 29.1, 504, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (117)")),
+    (r"\bRTX 4080\b(?!.*\b(?:SUPER|Laptop)\b)",
+     GpuSpec("RTX 4080", 97.5, 97.5, 48.7, 48.7, 716.8, _GEFORCE.format(195))),
+    (r"\bRTX 4070\b(?!.*\b(?:Ti|SUPER|Laptop)\b)",
+     GpuSpec("RTX 4070", 58.3, 58.3, 29.1, 29.1, 504, _GEFORCE.format(117))),
     (r"\bRTX 6000 Ada\b", GpuSpec("RTX 6000 Ada", 364.2, 364.2, 182.1, 91.1, 960)),
-    # NVIDIA RTX Blackwell GPU architecture whitepaper: RTX 5090 (170 SMs, 2407 MHz boost, 28 Gbps x 512-bit GDDR7).
-    (r"\bRTX 5090\b(?!.*\b(?:Laptop|D)\b)", GpuSpec("RTX 5090", 209.5, 209.5, 104.8, 104.8, 1792, "GeForce: FP16/BF16 with FP32 accumulate is half the FP16-accumulate rate (419)")),
+    # NVIDIA RTX Blackwell GPU architecture whitepaper: RTX 5090 (170 SMs, 2407 MHz boost, 28 Gbps x 512-bit
+    # GDDR7).
+    (r"\bRTX 5090\b(?!.*\b(?:Laptop|D)\b)",
+     GpuSpec("RTX 5090", 209.5, 209.5, 104.8, 104.8, 1792, _GEFORCE.format(419))),
     # NVIDIA RTX A6000 datasheet (309.7 sparse FP16 tensor TFLOPS, 38.7 FP32, 768 GB/s) and the Ampere GA102 whitepaper.
     (r"\bRTX A6000\b", GpuSpec("RTX A6000", 154.8, 154.8, 77.4, 38.7, 768)),
     # NVIDIA A40 datasheet: FP32 37.4, TF32 74.8, BF16 / FP16 149.7 TFLOPS dense, 696 GB/s.

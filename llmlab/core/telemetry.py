@@ -95,7 +95,8 @@ class Telemetry:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self._handle, self.handle_how = nvml_handle(pynvml, self.device.index or 0)  # by UUID: CUDA_VISIBLE_DEVICES-safe
+            # by UUID: CUDA_VISIBLE_DEVICES-safe
+            self._handle, self.handle_how = nvml_handle(pynvml, self.device.index or 0)
             self._parent = nvml_parent(pynvml, self._handle)
             self._board = self._handle if self._parent is None else self._parent
         except Exception as exc:
@@ -115,7 +116,9 @@ class Telemetry:
 
         n, h, b = self._nvml, self._handle, self._board  # b: the whole board (a MIG slice's parent)
         # nvidia-ml-py 12.535+ renamed "throttle" reasons to "clocks event" reasons; older ones have only the first name
-        event_reasons = lambda: (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons)(b)  # noqa: E731
+        reasons_fn = (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                      or n.nvmlDeviceGetCurrentClocksThrottleReasons)
+        event_reasons = lambda: reasons_fn(b)  # noqa: E731
         return {"t_s": time.perf_counter() - self._t0, **nvml_read({
             "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(b, n.NVML_CLOCK_SM),
             "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(b, n.NVML_CLOCK_MEM),
@@ -157,7 +160,9 @@ class Telemetry:
             xs = [s[key] for s in self.samples if s.get(key) is not None]
             out[key] = {"min": min(xs), "median": statistics.median(xs), "max": max(xs)} if xs else None
         bits = [s["throttle"] for s in self.samples if s.get("throttle") is not None]
-        out["throttle_reasons"] = [name for bit, name in _THROTTLE_BITS.items() if any(b & bit for b in bits)] if bits else None
+        out["throttle_reasons"] = (
+            [name for bit, name in _THROTTLE_BITS.items() if any(b & bit for b in bits)] if bits else None
+        )
         if self.unsupported:
             out["unsupported"] = dict(self.unsupported)  # field -> NVML's reason; those fields are None above
         return out

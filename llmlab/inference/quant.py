@@ -152,7 +152,9 @@ def quantize_weight(w: torch.Tensor, fmt: str) -> QTensor:
     s = _round_up_fp16(torch.where(hi > lo, (hi - lo) / 15, torch.ones_like(hi)))
     z = torch.clamp(torch.round(-lo / s.float()), 0, 15)  # (N, groups, 1)
     q = torch.clamp(torch.round(wg / s.float()) + z, 0, 15)
-    return QTensor(fmt, (n, k), {"q": _pack4(q.reshape(n, k)), "scale": s.squeeze(2), "zero": z.squeeze(2).to(torch.uint8)})
+    return QTensor(
+        fmt, (n, k), {"q": _pack4(q.reshape(n, k)), "scale": s.squeeze(2), "zero": z.squeeze(2).to(torch.uint8)}
+    )
 
 
 def dequantize_weight(qt: QTensor) -> torch.Tensor:

@@ -167,10 +167,14 @@ def min_p(logits: torch.Tensor, p: float, min_tokens_to_keep: int = 1) -> torch.
     return logits.masked_fill(remove, NEG_INF)
 
 
-def validate(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, min_tokens_to_keep: int = 1) -> None:
+def validate(
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, min_tokens_to_keep: int = 1
+) -> None:
     """Raise ValueError with one clear line on a bad setting (0 / 1.0 / 0.0 mean off)."""
     if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature} (temperature 0 means greedy decoding: use greedy)")
+        raise ValueError(
+            f"temperature must be > 0, got {temperature} (temperature 0 means greedy decoding: use greedy)"
+        )
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
         raise ValueError(f"top_k must be a non-negative integer (0 = off), got {top_k!r}")
     if not 0.0 < float(top_p) <= 1.0:
@@ -240,7 +244,9 @@ def _exponential(like: torch.Tensor, generator: torch.Generator | None) -> torch
 _SERIAL_NOISE_MAX = 1 << 16
 
 
-def sample_gumbel(logits_or_probs: torch.Tensor, generator: torch.Generator | None = None, *, is_probs: bool | None = None) -> torch.Tensor:
+def sample_gumbel(
+    logits_or_probs: torch.Tensor, generator: torch.Generator | None = None, *, is_probs: bool | None = None
+) -> torch.Tensor:
     """(B, V) -> (B,) by the exponential race: argmax_i p_i / E_i, E_i ~ Exp(1) (= Gumbel-max).
 
     Logits go through a softmax first (argmax softmax(x) / E = argmax x - log E, without a
@@ -258,7 +264,9 @@ def sample_gumbel(logits_or_probs: torch.Tensor, generator: torch.Generator | No
     return (pr / _exponential(pr, generator)).argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, *, generator: torch.Generator | None = None, method: str = "multinomial", **kwargs) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, *, generator: torch.Generator | None = None, method: str = "multinomial", **kwargs
+) -> torch.Tensor:
     """One sampling step, (B, V) logits -> (B,) ids; kwargs are process_logits'. temperature=0 is greedy.
 
     method: "multinomial" (softmax + torch.multinomial) or "gumbel" (exponential race).

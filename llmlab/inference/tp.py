@@ -83,7 +83,8 @@ class ShardedLlama:
         self.embed, self.norm, self.lm_head = model.model.embed_tokens, model.model.norm, model.lm_head  # replicated
         self.rotary, self.eps = model.model.rotary_emb, c.rms_norm_eps
         self.comm_s = 0.0  # seconds spent inside all-reduce since the last reset
-        self.wait_s = 0.0  # seconds spent in the barrier before each all-reduce (align=True): the wait for the slowest rank
+        # seconds spent in the barrier before each all-reduce (align=True): the wait for the slowest rank
+        self.wait_s = 0.0
         self.comm_calls = 0
         self.align = False  # True: a barrier before each all-reduce, so comm_s is the all-reduce alone
         self.sync = model.device.type == "cuda"
@@ -194,7 +195,8 @@ def time_collective(op: str, size_bytes: int, device, warmup: int, iters: int, d
 
 
 def layout() -> dict:
-    """This process's place: rank, world, local rank and local world (torchrun's env; a spawned rank sets the same), nodes."""
+    """This process's place: rank, world, local rank and local world (torchrun's env; a spawned rank sets the
+    same), nodes."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return dict(rank=int(os.environ.get("RANK", 0)), world=world, local_rank=int(os.environ.get("LOCAL_RANK", 0)),
@@ -202,8 +204,9 @@ def layout() -> dict:
 
 
 def scope_groups(world: int, local_world: int) -> dict:
-    """{scope: this rank's process group} for the collective sweep: "world" (None: every rank); across nodes also
-    "intra-node" (the ranks of one node: NVLink/PCIe) and "inter-node" (one rank per node, same local rank: the network).
+    """{scope: this rank's process group} for the collective sweep: "world" (None: every rank); across nodes
+    also "intra-node" (the ranks of one node: NVLink/PCIe) and "inter-node" (one rank per node, same local
+    rank: the network).
 
     Every rank creates every subgroup (torch.distributed's rule), in the same order."""
     import torch.distributed as dist
@@ -325,7 +328,9 @@ def launch(worker: Callable, nproc: int, args: tuple = (), timeout_s: float = 12
                 behind = [r for r in hung if depth[r] == min(depth.values())]
                 if len(behind) < len(hung):  # one rank fell behind: the others wait for it in a collective
                     failure = "; ".join(f"rank {r} hung in '{stages[r][-1]}'" for r in behind) + (
-                        f" (the other ranks wait for it in a collective) after --timeout-s {timeout_s:g} s; all ranks were stopped")
+                        f" (the other ranks wait for it in a collective) after --timeout-s {timeout_s:g} s; all ranks "
+                        f"were stopped"
+                    )
                 else:
                     failure = (f"rank(s) {', '.join(map(str, hung))} still running after --timeout-s {timeout_s:g} s "
                                f"(last in '{stages[hung[0]][-1]}'); all ranks were stopped")

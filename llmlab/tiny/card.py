@@ -22,6 +22,8 @@ from llmlab.tiny.train import OnStep, TrainConfig, TrainReport, train_pair
 WEIGHTS = Path(__file__).resolve().parent / "weights"
 
 
+MEASURED_BY = "llmlab.tiny.evaluate.evaluate_pair on the saved folders (what llmlab tiny train runs after training)"
+
 def corpus_ids(tokenizer, cfg: TrainConfig):
     """(train_ids, heldout_ids) of the config's corpus under a given (shipped) tokenizer."""
     import torch
@@ -160,7 +162,7 @@ def render_card(out: Path) -> None:
         "behaves, not to answer questions.",
         "",
         f"- Trained by: `{public_command(payload['command'])}`.",
-        f"- Measured by: `{payload.get('measured_by', 'llmlab.tiny.evaluate.evaluate_pair on the saved folders (what llmlab tiny train runs after training)')}`;",
+        f"- Measured by: `{payload.get('measured_by', MEASURED_BY)}`;",
         "  `llmlab tiny eval` re-measures the shipped pair.",
         f"- Machine: {env['cpu']}, {env['logical']} logical CPUs, torch threads {m.get('torch_threads', 'n/a')}"
         + (f", 1-minute load average {m['load_average_1m']:.1f} when timed" if "load_average_1m" in m else "")
@@ -185,21 +187,28 @@ def render_card(out: Path) -> None:
         f"- Corpus sha256 (first 16 hex): `{report['corpus_sha256']}` (Python {env['python']}; another version's",
         "  standard library gives another corpus).",
         f"- Train: {report['train_bytes'] / 1e6:.2f} MB of text, {report['train_tokens']:,} tokens; held out (whole",
-        f"  documents, 5 % chosen by a hash of their names): {report['heldout_bytes'] / 1e6:.2f} MB, {report['heldout_tokens']:,} tokens.",
+        f"  documents, 5 % chosen by a hash of their names): {report['heldout_bytes'] / 1e6:.2f} MB, "
+        f"{report['heldout_tokens']:,} tokens.",
         f"- Tokenizer: byte-level BPE, vocab {cfg['vocab_size']}, `<|endoftext|>` (id 0) as bos/eos/pad.",
         "",
         "## Training",
         "",
-        f"- Seed {cfg['seed']}, windows of {cfg['seq_len']} tokens, batch {cfg['batch_size']}, AdamW (0.9, 0.95), weight decay "
-        f"{cfg['weight_decay']}, {cfg.get('warmup_steps', 'n/a')} steps of linear warm-up, the peak, then cosine to {int(cfg['min_lr_frac'] * 100)} % over the last {cfg.get('decay_frac', 1):.0%} of the steps (WSD),"
+        f"- Seed {cfg['seed']}, windows of {cfg['seq_len']} tokens, batch {cfg['batch_size']}, AdamW (0.9, 0.95), "
+        f"weight decay "
+        f"{cfg['weight_decay']}, {cfg.get('warmup_steps', 'n/a')} steps of linear warm-up, the peak, then cosine to "
+        f"{int(cfg['min_lr_frac'] * 100)} % over the last {cfg.get('decay_frac', 1):.0%} of the steps (WSD),"
         f" gradient clip {cfg['grad_clip']}, torch threads {cfg['threads'] or 'default'}.",
-        f"- `tiny`: {report['target_steps']} steps at peak LR {cfg['target_lr']} in {report['target_seconds'] / 60:.1f} min; "
+        f"- `tiny`: {report['target_steps']} steps at peak LR {cfg['target_lr']} in "
+        f"{report['target_seconds'] / 60:.1f} min; "
         f"train loss (mean of the last 20 steps) {payload['final_train_loss_target']:.3f}.",
-        f"- `tiny-draft`: {report['draft_steps']} steps of distillation (KL(target || draft), T = {cfg['distill_temperature']}) "
-        f"at peak LR {cfg['draft_lr']} in {report['draft_seconds'] / 60:.1f} min; final KL {payload['final_train_kl_draft']:.3f} nats/token.",
+        f"- `tiny-draft`: {report['draft_steps']} steps of distillation (KL(target || draft), T = "
+        f"{cfg['distill_temperature']}) "
+        f"at peak LR {cfg['draft_lr']} in {report['draft_seconds'] / 60:.1f} min; final KL "
+        f"{payload['final_train_kl_draft']:.3f} nats/token.",
         *_curriculum_lines(cfg, report),
         f"- Reproduce: `llmlab tiny train --out DIR --target-steps {report['target_steps']} "
-        f"--draft-steps {report['draft_steps']} --threads {cfg['threads'] or 1}` (seed {cfg['seed']}; same Python and torch for the same bits).",
+        f"--draft-steps {report['draft_steps']} --threads {cfg['threads'] or 1}` (seed {cfg['seed']}; same Python and "
+        f"torch for the same bits).",
         "",
         "## Held-out quality",
         "",
@@ -214,7 +223,8 @@ def render_card(out: Path) -> None:
         f"**Greedy agreement {a['agreement']:.3f}**: along `tiny`'s greedy continuation ({a['new_tokens']} tokens) of "
         f"{a['prompts']} held-out prompts of 32 tokens, the fraction of {a['positions']} positions where",
         "`tiny-draft`'s argmax equals `tiny`'s (the per-token acceptance rate of greedy speculative decoding).",
-        f"Target self-consistency (teacher-forced argmax vs its own KV-cached greedy tokens): {a['target_self_consistency']:.3f}.",
+        f"Target self-consistency (teacher-forced argmax vs its own KV-cached greedy tokens): "
+        f"{a['target_self_consistency']:.3f}.",
         "",
     ]
     if "decode_target" in m:
@@ -222,7 +232,8 @@ def render_card(out: Path) -> None:
         lines += [
             "## Decode cost",
             "",
-            f"HF `generate`, greedy, batch 1, 32-token prompt, (median t({dt['new_tokens']} + 1 new) - median t(1 new)) / "
+            f"HF `generate`, greedy, batch 1, 32-token prompt, (median t({dt['new_tokens']} + 1 new) - median t(1 "
+            f"new)) / "
             f"{dt['new_tokens']} over {dt['repeats']} repeats",
             "after a warm-up, the two models alternating (min - max of the per-repeat estimates):",
             "",
@@ -255,7 +266,8 @@ def _curriculum_lines(cfg: dict, report: dict) -> list[str]:
     return [
         f"- Tokens seen by `tiny`: {tokens:,} = {tokens / report['train_tokens']:.1f} epochs of the train split.",
         f"- Copying curriculum: {cfg['span_share']:.0%} of training windows repeat one of their own real-text spans "
-        f"({cfg['repeat_min']}-{cfg['repeat_max']} tokens) later in the window, {cfg['random_share']:.0%} carry a span of "
+        f"({cfg['repeat_min']}-{cfg['repeat_max']} tokens) later in the window, {cfg['random_share']:.0%} carry a span "
+        f"of "
         "random token ids twice (the induction-head setup), the rest are plain text. Real corpora teach",
         "  copying through repetition at a scale one CPU thread cannot train on; this states it outright. The",
         "  draft is distilled on the same windows. Held-out numbers are measured on plain held-out text.",

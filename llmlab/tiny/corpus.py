@@ -5,7 +5,7 @@ Three parts, in a fixed order (sorted names), so the same Python version always 
 - the docstrings of the standard library, read with `ast` (no import: no side effects, no platform
   differences between importable modules);
 - a slice of standard-library source: code is very predictable, which helps a small draft agree
-  with its target (see DESIGN.md, speculative decoding).
+  with its target (a speculative-decoding draft is only as useful as its agreement).
 
 Documents are split into train / held-out by a hash of their name, so the held-out slice is whole
 documents the models never saw, and stays the same when the corpus grows.

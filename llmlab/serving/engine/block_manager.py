@@ -33,7 +33,8 @@ class Block:
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    """A full block's key: its tokens chained to the parent block's key (so equal blocks after different prefixes differ)."""
+    """A full block's key: its tokens chained to the parent block's key (so equal blocks after different
+    prefixes differ)."""
     return hash((parent, token_ids))
 
 
@@ -48,7 +49,8 @@ class BlockManager:
 
     def __post_init__(self):
         if self.num_blocks < 1 or self.block_size < 1:
-            raise ValueError(f"need at least one block of at least one token, got {self.num_blocks} x {self.block_size}")
+            raise ValueError(f"need at least one block of at least one token, "
+                             f"got {self.num_blocks} x {self.block_size}")
         self.blocks = [Block(i) for i in range(self.num_blocks)]
         self.free = deque(range(self.num_blocks))
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import torch
 
 from llmlab.core.models import torch_dtype
-from llmlab.inference import sampling
 from llmlab.serving.engine.block_manager import BlockManager
 from llmlab.serving.engine.model_runner import Batch, ModelRunner
 from llmlab.serving.engine.scheduler import RequestParams, Scheduled, Scheduler, Sequence, Status
@@ -111,16 +110,21 @@ class Engine:
         if n_prompt >= self.max_model_len:
             raise ValueError(f"the prompt has {n_prompt} tokens; this model's context is {self.max_model_len} tokens")
         if n_prompt + params.max_tokens > self.max_model_len:
-            raise ValueError(f"max_tokens {params.max_tokens} + {n_prompt} prompt tokens is beyond the context of {self.max_model_len} tokens")
+            raise ValueError(
+                f"max_tokens {params.max_tokens} + {n_prompt} prompt tokens is beyond the context of "
+                f"{self.max_model_len} tokens"
+            )
 
     def add_request(self, prompt_ids: list[int], params: RequestParams = RequestParams(), arrival_ns: int | None = None,
                     tokenized_ns: int | None = None) -> Sequence:
         self.check_request(len(prompt_ids), params)
         gen = None
-        if not params.sampling.greedy and params.seed is not None:  # its own stream: the same tokens whatever runs beside it
+        # its own stream: the same tokens whatever runs beside it
+        if not params.sampling.greedy and params.seed is not None:
             gen = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         t = now_ns()
-        seq = Sequence(next(self._ids), list(map(int, prompt_ids)), params, gen, arrival_ns=arrival_ns or t, tokenized_ns=tokenized_ns or t)
+        seq = Sequence(next(self._ids), list(map(int, prompt_ids)), params, gen, arrival_ns=arrival_ns or t,
+                       tokenized_ns=tokenized_ns or t)
         if self.record_logits:
             seq.debug_logits = []
         self.seqs[seq.seq_id] = seq
@@ -210,7 +214,8 @@ class Engine:
         if self.record_logits:
             row = 0
             for s in sched:
-                s.seq.debug_logits.append((s.seq.num_computed, logits[row : row + s.n_tokens].clone()))  # (first position, (n, V))
+                # (first position, (n, V))
+                s.seq.debug_logits.append((s.seq.num_computed, logits[row : row + s.n_tokens].clone()))
                 row += s.n_tokens
             logits = torch.stack([s.seq.debug_logits[-1][1][-1] for s in sampled]) if sampled else logits[:0]
         new = self.sample(logits, [s.seq for s in sampled])  # .tolist() syncs the device
@@ -242,7 +247,9 @@ class Engine:
 
     # ---------------------------------------------------------------- offline use
 
-    def generate(self, prompts: list[list[int]], params: RequestParams | list[RequestParams] = RequestParams()) -> list[Sequence]:
+    def generate(
+        self, prompts: list[list[int]], params: RequestParams | list[RequestParams] = RequestParams()
+    ) -> list[Sequence]:
         """Run every prompt to completion (all arrive now); returns the finished sequences in prompt order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         seqs = [self.add_request(p, q) for p, q in zip(prompts, plist, strict=True)]
@@ -292,7 +299,11 @@ def step_reserve_bytes(model, max_num_seqs: int, max_num_batched_tokens: int, ma
     elem = next(model.parameters()).element_size()
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    acts = max_num_batched_tokens * (4 * c.hidden_size + 3 * c.intermediate_size + (c.num_attention_heads + 2 * n_kv) * head_dim) * elem
+    acts = (
+        max_num_batched_tokens
+        * (4 * c.hidden_size + 3 * c.intermediate_size + (c.num_attention_heads + 2 * n_kv) * head_dim)
+        * elem
+    )
     logits = 3 * max_num_seqs * c.vocab_size * 4
     gather = 2 * max_num_seqs * max_model_len * c.num_attention_heads * head_dim * elem
     return acts + logits + gather
@@ -309,7 +320,11 @@ def num_blocks_for_memory(model, device, block_size: int = 16, memory_utilizatio
         raise ValueError(f"memory utilisation must be in (0, 1], got {memory_utilization}")
     ctx = max_model_len or getattr(model.config, "max_position_embeddings", 4096)
     total, free = device.total_memory_bytes(), device.free_memory_bytes()
-    budget = memory_utilization * total - (total - free) - step_reserve_bytes(model, max_num_seqs, max_num_batched_tokens, ctx)
+    budget = (
+        memory_utilization * total
+        - (total - free)
+        - step_reserve_bytes(model, max_num_seqs, max_num_batched_tokens, ctx)
+    )
     n = math.floor(budget / kv_bytes_per_block(model, block_size)) if budget > 0 else 0
     if n < 1:
         raise ValueError(f"no room for a KV block: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB, "
@@ -374,8 +389,9 @@ def check_exact(engine: Engine, prompts: list[list[int]], max_new_tokens: int = 
         top = out_ref.max(dim=-1).values
         mine = out_ref.gather(1, torch.tensor(s.output_ids, device=out_ref.device)[:, None])[:, 0]
         bad += [s.seq_id] if bool((mine < top - atol).any()) else []
-    report = {"max_abs_logit_diff": worst, "atol": atol, "dtype": str(dtype).removeprefix("torch."), "prompts": len(prompts),
-              "positions": n_pos, "decode_positions": n_decode, "prefix_hit_tokens": sum(s.num_cached_prompt for s in second),
+    report = {"max_abs_logit_diff": worst, "atol": atol, "dtype": str(dtype).removeprefix("torch."),
+              "prompts": len(prompts), "positions": n_pos, "decode_positions": n_decode,
+              "prefix_hit_tokens": sum(s.num_cached_prompt for s in second),
               "greedy_tokens_equal": not bad, "greedy_mismatched_sequences": len(bad)}
     if strict and (worst > atol or bad):
         raise AssertionError(f"engine differs from HF: max |logit diff| {worst:.2e} (bar {atol:g}), "

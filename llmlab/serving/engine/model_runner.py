@@ -91,7 +91,8 @@ class ModelRunner:
     # ---------------------------------------------------------------- attention
 
     def _plan(self, q, k, v, mask, is_causal: bool) -> tuple[bool, str]:
-        """(expand K/V?, the backend SDPA will pick) for one kind of call: GQA as is unless only expansion gets a fused kernel."""
+        """(expand K/V?, the backend SDPA will pick) for one kind of call: GQA as is unless only expansion
+        gets a fused kernel."""
         gqa = self.n_heads != self.n_kv
         backend = sdpa_backend(q, k, v, mask, is_causal, enable_gqa=gqa)
         if gqa and self.expand_kv_for_fused and backend == "MATH":
@@ -132,7 +133,8 @@ class ModelRunner:
         One query per sequence: when every sequence has `same_len` keys, the gathered keys are cut to exactly
         that many and need no mask; otherwise a mask hides each sequence's padding past its length."""
         nd, nb = tables.shape
-        k = kb.index_select(0, tables.view(-1)).view(nd, nb * self.block_size, self.n_kv, self.head_dim).transpose(1, 2)  # (Nd, Hkv, T, D)
+        # (Nd, Hkv, T, D)
+        k = kb.index_select(0, tables.view(-1)).view(nd, nb * self.block_size, self.n_kv, self.head_dim).transpose(1, 2)
         v = vb.index_select(0, tables.view(-1)).view(nd, nb * self.block_size, self.n_kv, self.head_dim).transpose(1, 2)
         if same_len is not None:
             o = self.attend("decode", q.unsqueeze(2), k[:, :, :same_len], v[:, :, :same_len])

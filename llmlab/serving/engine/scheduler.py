@@ -74,7 +74,8 @@ class Sequence:
     first_chunk_ns: int = 0  # the first prefill chunk's forward starts
     token_ns: list[int] = field(default_factory=list)  # each output token sampled
     finished_ns: int = 0
-    debug_logits: list[tuple[int, torch.Tensor]] | None = None  # recorded runs: (first position, (n, V) logits) per step
+    # recorded runs: (first position, (n, V) logits) per step
+    debug_logits: list[tuple[int, torch.Tensor]] | None = None
 
     @property
     def token_ids(self) -> list[int]:

@@ -81,29 +81,33 @@ class Server:
         self.max_body_bytes = max_body_bytes
         self.max_chars = max_token_chars(tokenizer) * engine.max_model_len
         self.vocab = engine.model.config.vocab_size
-        tokenizer.model_max_length = 2**62  # /tokenize may count a text longer than the context; completions check it themselves
+        # /tokenize may count a text longer than the context; completions check it themselves
+        tokenizer.model_max_length = 2**62
 
     # ---------------------------------------------------------------- parsing
 
     async def parse(self, request: Request, schema):
         req = validate(schema, parse_json(await read_body(request, self.max_body_bytes)))
         if req.model is not None and req.model != self.model_name:
-            raise APIError(404, f"The model `{req.model}` does not exist (this server serves `{self.model_name}`).", "model", "NotFoundError")
+            raise APIError(404, f"The model `{req.model}` does not exist (this server serves `{self.model_name}`).",
+                           "model", "NotFoundError")
         if schema in (CompletionRequest, ChatRequest) and (field := unsupported(req)) is not None:
             raise APIError(400, f"`{field}` is not supported by this server (only its default value is)", field)
         return req
 
     async def tokenize(self, text: str, param: str) -> list[int]:
         if len(text) > self.max_chars:  # every token covers at most max_token_chars characters
-            raise APIError(400, f"the {param} has {len(text)} characters: more than {self.engine.max_model_len} tokens, "
-                                f"this model's context", param)
+            raise APIError(400, f"the {param} has {len(text)} characters: more than {self.engine.max_model_len} "
+                                f"tokens, this model's context", param)
         ids = await asyncio.to_thread(lambda: self.tokenizer(text, add_special_tokens=False)["input_ids"])
         self.check_length(len(ids), param)
         return ids
 
     def check_length(self, n: int, param: str) -> None:
         if n >= self.engine.max_model_len:
-            raise APIError(400, f"the {param} has {n} tokens; this model's context is {self.engine.max_model_len} tokens", param)
+            raise APIError(
+                400, f"the {param} has {n} tokens; this model's context is {self.engine.max_model_len} tokens", param
+            )
 
     def check_ids(self, ids: list[int], param: str) -> None:
         if any(not 0 <= t < self.vocab for t in ids):
@@ -119,7 +123,9 @@ class Server:
             max_tokens = max(1, min(256, self.engine.max_model_len - n_prompt)) if chat else 16
         temperature = 0.0 if req.temperature < GREEDY_BELOW else req.temperature
         try:
-            sampling = SamplingParams(temperature=temperature, top_k=max(req.top_k, 0), top_p=req.top_p, min_p=req.min_p)
+            sampling = SamplingParams(
+                temperature=temperature, top_k=max(req.top_k, 0), top_p=req.top_p, min_p=req.min_p
+            )
             params = RequestParams(max_tokens, sampling, seed=req.seed, ignore_eos=req.ignore_eos)
             self.engine.check_request(n_prompt, params)
         except ValueError as exc:
@@ -148,7 +154,8 @@ class Server:
         params = self.params(req, len(prompt_ids), chat)
         stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         choices = []
-        for i in range(req.n):  # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone
+        # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone
+        for i in range(req.n):
             p = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
             stream = TextStream(self.tokenizer, stops, self.engine.eos_ids)
             h = Handle(prompt_ids, p, arrival, now_ns(), asyncio.get_running_loop(), count_at_close=bool(stream.stops))
@@ -272,7 +279,9 @@ def add_routes(app: FastAPI, srv: Server) -> None:
     async def health():
         aeng = srv.aeng
         if not aeng.alive:
-            return JSONResponse({"status": "error", "error": aeng.dead or "the engine thread has stopped"}, status_code=503)
+            return JSONResponse(
+                {"status": "error", "error": aeng.dead or "the engine thread has stopped"}, status_code=503
+            )
         if aeng.num_faults:
             return {"status": "ok", "engine_faults": aeng.num_faults, "last_fault": aeng.last_fault}
         return {"status": "ok"}
@@ -297,11 +306,15 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_req, exc: HTTPException):
-        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(
+            APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.exception_handler(Exception)
     async def server_error(_req, exc: Exception):
-        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}", type_="server_error").body(), status_code=500)
+        return JSONResponse(
+            APIError(500, f"internal error: {type(exc).__name__}", type_="server_error").body(), status_code=500
+        )
 
 
 def create_app(engine: Engine, tokenizer, model_name: str, *, executor: Executor | None = None, host: str = "127.0.0.1",

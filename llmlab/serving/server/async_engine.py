@@ -222,7 +222,8 @@ class AsyncEngine:
         return {
             "num_steps": e.num_steps, "num_blocks": e.blocks.num_blocks, "block_size": e.cfg.block_size,
             "blocks_in_use": e.blocks.num_used, "running": len(sc.running), "waiting": len(sc.waiting),
-            "num_preemptions": sc.num_preemptions, "prefix_cache_queries": sc.prefix_queries, "prefix_cache_hits": sc.prefix_hits,
-            "max_seqs_in_a_step": self.max_seqs_in_step, "max_model_len": e.max_model_len,
-            "engine_faults": self.num_faults, "last_fault": self.last_fault, "error": self.dead, "recent_steps": steps,
+            "num_preemptions": sc.num_preemptions, "prefix_cache_queries": sc.prefix_queries,
+            "prefix_cache_hits": sc.prefix_hits, "max_seqs_in_a_step": self.max_seqs_in_step,
+            "max_model_len": e.max_model_len, "engine_faults": self.num_faults, "last_fault": self.last_fault,
+            "error": self.dead, "recent_steps": steps,
         }

@@ -52,7 +52,8 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         host = host_of(headers.get("host", ""))
         if self.hosts is not None and "host" in headers and host not in self.hosts:
-            return 400, "Invalid Host header: this server answers only to the address it is bound to", "invalid_request_error"
+            return (400, "Invalid Host header: this server answers only to the address it is bound to",
+                    "invalid_request_error")
         origin = headers.get("origin")
         cross = origin is not None and origin != "null" and host_of(origin) != host
         if cross or origin == "null" or headers.get("sec-fetch-site") in ("cross-site", "same-site"):
@@ -69,8 +70,8 @@ class Guard:
             status, message, type_ = refused
             body = error_body(status, message, type_)
             extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)

@@ -67,8 +67,12 @@ def build(model: str, dev, dtype: str, kv_blocks: int | None, max_num_seqs: int,
         raise UsageError(f"{model} has no tokenizer (arch: models have random weights): serve needs a trained model")
     g = torch.Generator().manual_seed(0)
     probe = [torch.randint(1, lm.config.vocab_size, (n,), generator=g).tolist() for n in (7, 21)]
-    exact = check_exact(Engine(lm.model, EngineConfig(num_blocks=8, max_num_batched_tokens=16, dtype=dtype)), probe, max_new_tokens=4)
-    blocks = size_pool(lm.model, dev, kv_blocks, EngineConfig.block_size, utilization, max_num_seqs, max_num_batched_tokens)
+    exact = check_exact(
+        Engine(lm.model, EngineConfig(num_blocks=8, max_num_batched_tokens=16, dtype=dtype)), probe, max_new_tokens=4
+    )
+    blocks = size_pool(
+        lm.model, dev, kv_blocks, EngineConfig.block_size, utilization, max_num_seqs, max_num_batched_tokens
+    )
     try:
         cfg = EngineConfig(num_blocks=blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                            enable_prefix_cache=prefix_cache, dtype=dtype)
@@ -93,7 +97,8 @@ def check_port(host: str, port: int) -> None:
 
 def serve(model: str = "tiny", host: str = "127.0.0.1", port: int = 8000, device: str = "auto", max_num_seqs: int = 64,
           kv_blocks: int | None = None, prefix_cache: bool = True, max_num_batched_tokens: int = 512, log=print, *,
-          gpu: int | None = None, dtype: str = "auto", gpu_memory_utilization: float = 0.9, api_key: str | None = None) -> None:
+          gpu: int | None = None, dtype: str = "auto", gpu_memory_utilization: float = 0.9,
+          api_key: str | None = None) -> None:
     """Load the model, check the engine exact against HF, then serve until Ctrl-C."""
     check_port(host, port)
     import uvicorn
@@ -110,10 +115,14 @@ def serve(model: str = "tiny", host: str = "127.0.0.1", port: int = 8000, device
     lm, engine, exact = torch_thread.submit(build, model, dev, dt, kv_blocks, max_num_seqs, max_num_batched_tokens,
                                             prefix_cache, gpu_memory_utilization).result()
     cfg = engine.cfg
-    log(f"llmlab serve: {model} on {dev.spec} in {dt}, {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, max {cfg.max_num_seqs} "
-        f"seqs, prefix cache {'on' if prefix_cache else 'off'}, context {engine.max_model_len}; exact vs HF (max |logit diff| "
+    log(
+        f"llmlab serve: {model} on {dev.spec} in {dt}, {cfg.num_blocks} KV blocks x {cfg.block_size} tokens, max "
+        f"{cfg.max_num_seqs} "
+        f"seqs, prefix cache {'on' if prefix_cache else 'off'}, context {engine.max_model_len}; exact vs HF (max "
+        f"|logit diff| "
         f"{exact['max_abs_logit_diff']:.1e}, tolerance {exact['atol']:g}); API key {'required' if api_key else 'off'}; "
-        f"http://{host}:{port}/v1")
+        f"http://{host}:{port}/v1"
+    )
     app = create_app(engine, lm.tokenizer, model, executor=torch_thread, host=host, api_key=api_key)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

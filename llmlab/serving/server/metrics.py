@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 now_ns = time.perf_counter_ns
 
 # vLLM's buckets (v1/metrics/loggers.py), in seconds
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+REQUEST_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]
 
 
 class Metrics:
@@ -40,7 +43,9 @@ class Metrics:
             return kind(f"llmlab:{name}", doc, ["model_name"], registry=r).labels(**label)
 
         self.ttft = h("time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS)
-        self.queue = h("request_queue_time_seconds", "Arrival to scheduled (time in the waiting queue).", REQUEST_BUCKETS)
+        self.queue = h(
+            "request_queue_time_seconds", "Arrival to scheduled (time in the waiting queue).", REQUEST_BUCKETS
+        )
         self.prefill = h("request_prefill_time_seconds", "Scheduled to first token.", REQUEST_BUCKETS)
         self.decode = h("request_decode_time_seconds", "First token to finished.", REQUEST_BUCKETS)
         self.itl = h("inter_token_latency_seconds", "Gap between consecutive tokens of a request.", ITL_BUCKETS)
@@ -53,8 +58,12 @@ class Metrics:
         self.preemptions = one(Counter, "num_preemptions", "Sequences preempted (blocks freed, recomputed later).")
         self.prompt_tokens = one(Counter, "prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = one(Counter, "generation_tokens", "Generated tokens the clients got.")
-        self.engine_faults = one(Counter, "engine_faults", "Engine steps that raised (their requests failed; the engine went on).")
-        self._success = Counter("llmlab:request_success", "Finished requests by reason.", ["model_name", "finished_reason"], registry=r)
+        self.engine_faults = one(
+            Counter, "engine_faults", "Engine steps that raised (their requests failed; the engine went on)."
+        )
+        self._success = Counter(
+            "llmlab:request_success", "Finished requests by reason.", ["model_name", "finished_reason"], registry=r
+        )
         self._label = model_name
 
     def finished(self, s: Sequence, reason: str) -> None:
@@ -70,7 +79,8 @@ class Metrics:
 
 
 def timings(s: Sequence, n_out: int | None = None, end_ns: int | None = None) -> dict:
-    """llama.cpp-style timings of one request (+ queue_ms), from the engine's stamps; n_out: the tokens the client got."""
+    """llama.cpp-style timings of one request (+ queue_ms), from the engine's stamps; n_out: the tokens the
+    client got."""
     end = s.finished_ns or end_ns or now_ns()
     cache_n = max(s.num_cached_prompt, 0)
     prompt_n = len(s.prompt_ids) - cache_n

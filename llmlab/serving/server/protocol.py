@@ -21,7 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-MAX_BODY_BYTES = 4 << 20  # a whole 128 K-token context is ~0.5-1 MB of text or token ids; 4 MiB leaves room for JSON escapes
+# a whole 128 K-token context is ~0.5-1 MB of text or token ids; 4 MiB leaves room for JSON escapes
+MAX_BODY_BYTES = 4 << 20
 INT64 = 2**63  # torch.Generator.manual_seed's signed range, as vLLM bounds `seed`
 
 
@@ -140,13 +141,21 @@ async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:
 
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body is {int(declared)} bytes; this server takes at most {limit}", type_="request_too_large")
+        raise APIError(
+            413,
+            f"the request body is {int(declared)} bytes; this server takes at most {limit}",
+            type_="request_too_large",
+        )
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise APIError(413, f"the request body is over {limit} bytes, the most this server takes", type_="request_too_large")
+                raise APIError(
+                    413,
+                    f"the request body is over {limit} bytes, the most this server takes",
+                    type_="request_too_large",
+                )
             chunks.append(chunk)
     except ClientDisconnect:  # gone before its body arrived (a client timeout): nothing to serve, nothing to log
         raise APIError(499, "client closed the request", type_="client_closed_request") from None

@@ -41,7 +41,9 @@ async def one_choice(call: Call, include_usage: bool):
     async for piece, fin in call.srv.pieces(c.h, c.stream):
         if fin is not None:
             c.reason = fin
-            yield chunk(call, (pending or "") + piece, fin, first, **({} if include_usage else {"timings": call.timings()}))
+            yield chunk(
+                call, (pending or "") + piece, fin, first, **({} if include_usage else {"timings": call.timings()})
+            )
             return
         if pending is not None:
             yield chunk(call, pending, None, first)
