@@ -143,7 +143,8 @@ def test_fcfs_worker_waits_match_lindley():
 def test_streaming_metric_definitions():
     ms = 1_000_000
     t = Trace(send_ns=0, start_ns=10 * ms, token_ns=[100 * ms, 120 * ms, 150 * ms, 160 * ms], end_ns=161 * ms)
-    t.phases = {"template_tokenize": (10 * ms, 11 * ms), "prefill": (11 * ms, 98 * ms), "first_token": (98 * ms, 99 * ms)}
+    t.phases = {"template_tokenize": (10 * ms, 11 * ms), "prefill": (11 * ms, 98 * ms),
+                "first_token": (98 * ms, 99 * ms)}
     assert t.ttft_ms == 100 and t.e2e_ms == 160 and t.n == 4
     assert t.tpot_ms == pytest.approx(20.0)  # (160 - 100) / 3
     assert t.itl_ms == [20, 30, 10]
@@ -159,10 +160,10 @@ def test_streaming_metric_definitions():
 
 def test_fit_recovers_linear_and_quadratic_terms():
     x = np.array([16, 64, 256, 1024, 4096])
-    fit = lab.fit_growth(x, 5 + 0.5 * x + 1e-4 * x * x)
+    fit = lab.growth_fit(x, 5 + 0.5 * x + 1e-4 * x * x)
     assert fit["a_ms"] == pytest.approx(5, rel=1e-6) and fit["b_ms_per_tok"] == pytest.approx(0.5, rel=1e-6)
     assert fit["t2_adds_10pct_at_tokens"] == pytest.approx(0.1 * 0.5 / 1e-4, rel=1e-4)
-    assert math.isinf(lab.fit_growth(x, 3 + 0.2 * x)["t2_adds_10pct_at_tokens"])
+    assert math.isinf(lab.growth_fit(x, 3 + 0.2 * x)["t2_adds_10pct_at_tokens"])
 
 
 def test_napkin_flops_counts_weights_and_causal_attention():
@@ -190,19 +191,20 @@ def test_serve_streams_what_hf_generate_would(small_llama):
     from llmlab.inference.decode import hf_generate
 
     model, tok = small_llama
-    tr = pipeline.serve(model, tok, CPU, Request("How does a for loop work?", new_tokens=6))
+    tr = pipeline.time_request(model, tok, CPU, Request("How does a for loop work?", new_tokens=6))
     text, _ = chat.render_chat(tok, pipeline.SYSTEM, "How does a for loop work?")
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
     assert tr.prompt_tokens == ids.shape[1] and tr.n == 6
     assert tr.tokens == hf_generate(model, ids, 6)[0].tolist()
     assert set(tr.phases) == {"template_tokenize", "prefill", "first_token"}
-    short = pipeline.serve(model, tok, CPU, Request("x " * 400, new_tokens=2, max_prompt_tokens=100))
+    short = pipeline.time_request(model, tok, CPU, Request("x " * 400, new_tokens=2, max_prompt_tokens=100))
     assert short.prompt_tokens == 100
 
 
 def test_config_validation_and_context_clamp():
     for bad in (dict(prompt_len=0), dict(prompt_len=-3), dict(rates=(0.0,)), dict(rates=(2.0, -1.0)),
-                dict(utilizations=(0.0,)), dict(new_tokens=1), dict(attribution_delay_ms=0), dict(attribution_repeats=0)):
+                dict(utilizations=(0.0,)), dict(new_tokens=1), dict(attribution_delay_ms=0),
+                dict(attribution_repeats=0)):
         with pytest.raises(ValueError):
             lab.Config(**bad)
     res = LabResult.new(lab.LAB, lab.VERSION, lab.Config())
@@ -235,7 +237,7 @@ def test_serve_attributes_an_injected_delay_to_its_phase(small_llama, target):
         elif delayed:
             hook = pipeline.slowed_forward(model, DELAY_MS / 1e3)
         with hook:
-            return pipeline.serve(model, use, CPU, req).breakdown()
+            return pipeline.time_request(model, use, CPU, req).breakdown()
 
     with torch_threads(1):  # one thread: OpenMP threads waiting for descheduled peers would add 100s of ms
         once(False)
@@ -272,7 +274,8 @@ def _att(hit=50.0, off=0.5, noise=0.3):
     rows = [{"injected_into": "none", "delay_ms": 0.0, "n": 3, "d_queue_ms": 0.0, "d_template_tokenize_ms": noise,
              "d_prefill_ms": -noise, "d_first_token_ms": 0.0, "d_ttft_ms": 0.0}]
     for target in ("template_tokenize", "prefill", "first_token"):
-        d = {f"d_{p}_ms": (hit if p == target else off) for p in ("queue", "template_tokenize", "prefill", "first_token")}
+        d = {f"d_{p}_ms": (hit if p == target else off)
+             for p in ("queue", "template_tokenize", "prefill", "first_token")}
         rows.append({"injected_into": target, "delay_ms": 50.0, "n": 3, **d, "d_ttft_ms": hit + 3 * off})
     return rows
 
@@ -464,7 +467,8 @@ def test_cli_end_to_end_quick(quick):
     assert res.lab == "ttft-breakdown" and not res.interrupted and res.judge_version == lab.JUDGE_VERSION
     assert [c.id for c in res.claims] == CLAIM_IDS
     sweep = res.tables["prompt_sweep"]["prompt_tokens"].tolist()
-    assert sweep[0] == 16 and sweep[-1] == lab.Config.quick().prompt_len and sweep == sorted(sweep)  # reaches --prompt-len
+    # reaches --prompt-len
+    assert sweep[0] == 16 and sweep[-1] == lab.Config.quick().prompt_len and sweep == sorted(sweep)
     req = res.tables["requests"]
     q = res.tables["queueing"]
     assert len(req) == 3 + res.tables["prompt_sweep"]["n"].sum() + 3 + q["n"].sum()  # chat, sweep, RAG, queue
@@ -494,7 +498,8 @@ def test_cli_end_to_end_quick(quick):
     assert cold.loc["import_torch", "median_ms"] > 100  # importing torch takes a while on any machine
     sc = res.tables["scenarios"].set_index("scenario")
     assert sc.loc["chat, cold start", "cold_start_ms"] > cold.loc["import_torch", "median_ms"]
-    assert list(sc["bar"]) == ["chat", "RAG", f"{lab.Config.quick().prompt_len} tok", *[f"rho {r:.2f}" for r in q["rho"].dropna()], "burst 6", "cold"]
+    assert list(sc["bar"]) == ["chat", "RAG", f"{lab.Config.quick().prompt_len} tok",
+                               *[f"rho {r:.2f}" for r in q["rho"].dropna()], "burst 6", "cold"]
 
 
 def test_quick_report_fits_80_columns_and_120_lines(quick):
@@ -522,7 +527,8 @@ def test_waterfall_figure():
     (title, fig), = lab.figures(_result(scenarios=sc))  # no sweep: the waterfall only
     assert title == "TTFT waterfall" and isinstance(fig, matplotlib.figure.Figure)
     sweep = [{"prompt_tokens": t, "prefill_ms": 0.1 * t, "napkin_prefill_ms": 0.05 * t} for t in (16, 256)]
-    assert [t for t, _ in lab.figures(_result(scenarios=sc, prompt_sweep=sweep))] == ["TTFT waterfall", "Prefill vs napkin"]
+    titles = [t for t, _ in lab.figures(_result(scenarios=sc, prompt_sweep=sweep))]
+    assert titles == ["TTFT waterfall", "Prefill vs napkin"]
     bars = [p for p in fig.axes[1].patches]
     assert sum(b.get_width() for b in bars) == pytest.approx(2 * 12.5 + 5000.0)  # the layers stack to each TTFT
 

@@ -37,7 +37,8 @@ def server():
 
 def ttft(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "80", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "llmlab", "ttft", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "llmlab", "ttft", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -143,13 +144,15 @@ def test_text_prompts_are_calibrated_from_usage_without_tokenize(server):
 def test_fit_and_judge_can_fail():
     res = LabResult.new("ttft-breakdown", 2, {})
     res.config["endpoint"] = "http://x"
-    rows = [{"scenario": f"prompt {n}", "target_tokens": n, "prompt_tokens": n, "ttft_ms": 10 + 0.5 * n, "prefill_ms": 0.2 * n,
-             "prompt_n": n, "error": None} for n in (16, 64, 256, 1024)]
+    rows = [{"scenario": f"prompt {n}", "target_tokens": n, "prompt_tokens": n, "ttft_ms": 10 + 0.5 * n,
+             "prefill_ms": 0.2 * n, "prompt_n": n, "error": None} for n in (16, 64, 256, 1024)]
     import pandas as pd
 
     srows, fit = E.sweep_rows(pd.DataFrame(rows))
-    assert fit["tok_per_s"] == pytest.approx(2000) and fit["worst_rel_err"] < 1e-9 and fit["server_tok_per_s"] == pytest.approx(5000)
-    _, bent = E.sweep_rows(pd.DataFrame([{**r, "ttft_ms": 10 + 0.5 * r["prompt_tokens"] + 1e-3 * r["prompt_tokens"] ** 2} for r in rows]))
+    assert fit["tok_per_s"] == pytest.approx(2000) and fit["worst_rel_err"] < 1e-9
+    assert fit["server_tok_per_s"] == pytest.approx(5000)
+    bent_rows = [{**r, "ttft_ms": 10 + 0.5 * r["prompt_tokens"] + 1e-3 * r["prompt_tokens"] ** 2} for r in rows]
+    _, bent = E.sweep_rows(pd.DataFrame(bent_rows))
     res.add_table("endpoint_fit", [bent])  # attention's T^2: a line no longer fits
     assert {x.id: x.holds for x in E.judge(res)}["ttft_breakdown.endpoint_ttft_linear_in_prompt"] is False
     res.add_table("endpoint_fit", [fit])
@@ -160,9 +163,11 @@ def test_fit_and_judge_can_fail():
     assert c["ttft_breakdown.endpoint_slope_is_prefill"] is False  # 2.5x the server's slope: something besides prefill
     assert c["ttft_breakdown.endpoint_prefix_reuse"] is False
     assert c["ttft_breakdown.endpoint_phases_within_ttft"] is True
-    res.add_table("endpoint_requests", [{**rows[0], "client_net_ms": -3.0, "error": None}, {**rows[1], "client_net_ms": 1.0, "error": "HTTP 500: x"}])
+    res.add_table("endpoint_requests", [{**rows[0], "client_net_ms": -3.0, "error": None},
+                                        {**rows[1], "client_net_ms": 1.0, "error": "HTTP 500: x"}])
     c = {x.id: x.holds for x in E.judge(res)}
-    assert c["ttft_breakdown.endpoint_phases_within_ttft"] is False and c["ttft_breakdown.endpoint_no_failed_requests"] is False
+    assert c["ttft_breakdown.endpoint_phases_within_ttft"] is False
+    assert c["ttft_breakdown.endpoint_no_failed_requests"] is False
 
 
 class _NoStream(BaseHTTPRequestHandler):
@@ -207,15 +212,17 @@ def test_bad_input_exits_2_with_one_line(args, says, tmp_path, cli):
     assert code == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("kw, says", [(dict(endpoint="ftp://127.0.0.1:1"), "http(s) URL"), (dict(concurrency=0), "--concurrency"),
-                                      (dict(request_rate=-1.0), "--request-rate"), (dict(burstiness=0.0), "--burstiness"),
+@pytest.mark.parametrize("kw, says", [(dict(endpoint="ftp://127.0.0.1:1"), "http(s) URL"),
+                                      (dict(concurrency=0), "--concurrency"),
+                                      (dict(request_rate=-1.0), "--request-rate"),
+                                      (dict(burstiness=0.0), "--burstiness"),
                                       (dict(request_timeout=0.0), "--request-timeout")])
 def test_bad_options_are_value_errors_naming_the_flag(kw, says):
     """run_lab turns a Config ValueError into one line and exit 2 (tests/test_cli.py checks that path)."""
     from llmlab.labs.ttft_breakdown import Config
 
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
-        Config(endpoint="http://127.0.0.1:1", **{k: v for k, v in kw.items() if k != "endpoint"}) if "endpoint" not in kw else Config(**kw)
+        Config(**{"endpoint": "http://127.0.0.1:1", **kw})
 
 
 def test_a_server_that_does_not_stream_exits_2(non_streaming, tmp_path, cli):
@@ -234,18 +241,23 @@ def test_every_request_failing_exits_3_and_still_saves(server, tmp_path):
     assert req and all("timeout" in r["error"] for r in req)
 
 
+def _finished(server: str) -> float:
+    """Requests the server has finished, from its /metrics."""
+    families = text_string_to_metric_families(httpx.get(server + "/metrics").text)
+    return sum(s.value for f in families for s in f.samples if s.name == "llmlab:e2e_request_latency_seconds_count")
+
+
 def test_ctrl_c_keeps_what_was_measured(server, tmp_path):
     env = {**os.environ, "COLUMNS": "80", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    before = sum(s.value for f in text_string_to_metric_families(httpx.get(server + "/metrics").text) for s in f.samples
-                 if s.name == "llmlab:e2e_request_latency_seconds_count")
-    proc = subprocess.Popen([sys.executable, "-m", "llmlab", "ttft", "--endpoint", server, "--quick", "--prompt-len", "64",
-                             "--num-requests", "2000", "--concurrency", "1", "--out", str(tmp_path)],
+    before = _finished(server)
+    proc = subprocess.Popen([sys.executable, "-m", "llmlab", "ttft", "--endpoint", server, "--quick",
+                             "--prompt-len", "64", "--num-requests", "2000", "--concurrency", "1",
+                             "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even under `make test &`
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # until the load part has finished a few requests
-        done = sum(s.value for f in text_string_to_metric_families(httpx.get(server + "/metrics").text) for s in f.samples
-                   if s.name == "llmlab:e2e_request_latency_seconds_count")
+        done = _finished(server)
         if done >= before + 17 + 3:  # 2 warm-up, 3 alone, 4 lengths x 2, 2 probe pairs; then 3 of the load
             break
         time.sleep(0.2)
@@ -261,10 +273,13 @@ def test_ctrl_c_keeps_what_was_measured(server, tmp_path):
 def test_client_net_is_what_the_server_does_not_report():
     from llmlab.loadgen.client import RequestRecord
 
-    rec = RequestRecord(0, send_ns=0, chunk_ns=[50_000_000, 60_000_000], timings={"queue_ms": 5.0, "prompt_ms": 30.0, "cache_n": 0})
+    rec = RequestRecord(0, send_ns=0, chunk_ns=[50_000_000, 60_000_000],
+                        timings={"queue_ms": 5.0, "prompt_ms": 30.0, "cache_n": 0})
     w = probe.waterfall(rec)
-    assert w["ttft_ms"] == 50.0 and w["client_net_ms"] == 15.0 and w["first_decode_ms"] == 10.0 and w["phases_from"] == "timings"
-    llama = RequestRecord(0, send_ns=0, chunk_ns=[50_000_000], timings={"prompt_ms": 30.0, "cache_n": 7})  # llama.cpp: no queue
+    assert w["ttft_ms"] == 50.0 and w["client_net_ms"] == 15.0 and w["first_decode_ms"] == 10.0
+    assert w["phases_from"] == "timings"
+    # llama.cpp: no queue
+    llama = RequestRecord(0, send_ns=0, chunk_ns=[50_000_000], timings={"prompt_ms": 30.0, "cache_n": 7})
     w = probe.waterfall(llama)
     assert w["queue_ms"] is None and w["client_net_ms"] == 20.0 and w["cache_n"] == 7 and w["first_decode_ms"] is None
 
@@ -279,17 +294,17 @@ def test_ttft_help_teaches_the_endpoint_options(cli):
     r = cli("ttft", "--help", columns=200)
     code, out = r.returncode, r.stdout
     assert code == 0
-    for opt in ("--endpoint", "--concurrency", "--request-rate", "--burstiness", "--api-key-env", "--request-timeout", "--tokenizer"):
+    for opt in ("--endpoint", "--concurrency", "--request-rate", "--burstiness", "--api-key-env", "--request-timeout",
+                "--tokenizer"):
         assert opt in out
 
 
 
 def test_the_endpoint_is_asked_once_per_run(monkeypatch):
-    """check() asks the server what it is before the run; run_parts() takes that answer instead of asking again."""
+    """check() asks the server what it is before the run and returns the Config with the answer; run() measures
+    that server instead of asking again, and the answer (it holds the API key's header) is never saved."""
     from types import SimpleNamespace
 
-    from llmlab.core.results import LabResult
-    from llmlab.labs.ttft_breakdown import endpoint as _ttft_endpoint
     from llmlab.labs import ttft_breakdown
     from llmlab.loadgen import probe
 
@@ -297,15 +312,17 @@ def test_the_endpoint_is_asked_once_per_run(monkeypatch):
         pass
 
     def card():
-        raise Stop  # the first thing run_parts does with the server: far enough to see which one it used
+        raise Stop  # the first thing the run does with the server: far enough to see which one it used
 
     asked = []
     monkeypatch.setattr(probe, "discover", lambda *key: asked.append(key) or SimpleNamespace(card=card))
     cfg = ttft_breakdown.Config(endpoint="http://127.0.0.1:1")
-    ttft_breakdown.check(cfg)
+    found = ttft_breakdown.check(cfg)
+    assert found.endpoint_found is not None and found == cfg  # the same options, with what check() found
+    assert "endpoint_found" not in found.saved() and "endpoint_found" not in repr(found)
     with pytest.raises(Stop):
-        _ttft_endpoint.run_parts(cfg, LabResult.new("ttft-breakdown", 1, cfg), None)
+        ttft_breakdown.run(found, None, None)
     assert asked == [("http://127.0.0.1:1", cfg.model, cfg.api_key_env)]
     with pytest.raises(Stop):  # a run without check() first still asks
-        _ttft_endpoint.run_parts(cfg, LabResult.new("ttft-breakdown", 1, cfg), None)
-    assert len(asked) == 2 and not _ttft_endpoint._FOUND  # nothing left behind for a later run to take
+        ttft_breakdown.run(cfg, None, None)
+    assert len(asked) == 2

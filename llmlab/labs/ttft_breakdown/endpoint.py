@@ -2,9 +2,10 @@
 `llmlab serve`: anything that speaks OpenAI's /v1/completions with streaming).
 
 The in-process lab stamps every phase itself; here the client stamps every chunk
-(llmlab/serving/client.py, vLLM bench serve's definitions) and the server's own phases are joined to
-each request where it reports them (llmlab/serving/probe.py: `timings`, or /metrics histogram deltas
-around a request run alone). Parts, in the order they run:
+(llmlab/loadgen/client.py, vLLM bench serve's definitions) and the server's own phases are joined to
+each request where it reports them (llmlab/loadgen/probe.py: `timings`, or /metrics histogram deltas
+around a request run alone). `discover` asks the server what it is before the run (the lab's check);
+the run measures the server it found. Parts, in the order they run:
 
 1. one request alone, phase by phase: client + network, server queue, prefill, first decode;
 2. prompt length: 16 .. --prompt-len tokens (clamped to the server's context), TTFT = a + b T fitted
@@ -17,20 +18,24 @@ around a request run alone). Parts, in the order they run:
 
 Every request is a row of `endpoint_requests`, failed ones with their error; the tables are written
 as they fill, so Ctrl-C keeps what was measured. A run where every request failed exits 3.
+httpx is imported inside the coroutine that uses it: `llmlab --help` imports this package (for its Config).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
+from llmlab.core.models import load_tokenizer
 from llmlab.core.render import track
 from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
+from llmlab.labs.ttft_breakdown.config import Config
+from llmlab.labs.ttft_breakdown.fits import linear_fit
 from llmlab.loadgen import metrics, probe
 from llmlab.loadgen.client import RequestRecord, calculate_metrics, run_load
 
@@ -55,7 +60,8 @@ class Rows:
     def add(self, scenario: str, rec: RequestRecord, delta: dict | None, target: int) -> dict:
         row = {"scenario": scenario, "target_tokens": target, "prompt_tokens": rec.prompt_tokens or target,
                "output_tokens": rec.output_tokens, "output_tokens_from": rec.output_tokens_source,
-               **probe.waterfall(rec, delta), "tpot_ms": 1e3 * rec.tpot_s, "e2el_ms": 1e3 * rec.e2el_s, "error": rec.error}
+               **probe.waterfall(rec, delta), "tpot_ms": 1e3 * rec.tpot_s, "e2el_ms": 1e3 * rec.e2el_s,
+               "error": rec.error}
         self.requests.append(row)
         self.flush()
         return row
@@ -73,25 +79,22 @@ class Rows:
             self.res.add_table("prefix_probe", self.probe)
 
 
-_FOUND: dict[tuple, probe.Server] = {}  # what check() found, for the run that follows it
+def discover(cfg: Config) -> Config:
+    """Ask --endpoint what it is (UsageError, exit 2, when it cannot serve the run): the Config with the
+    answer in `endpoint_found`, which `measure` then uses instead of asking again."""
+    srv = probe.discover(cfg.endpoint, cfg.model, cfg.api_key_env)  # its own timeouts, not --request-timeout's
+    return replace(cfg, endpoint_found=srv)
 
 
-def discover(cfg) -> probe.Server:
-    """Ask --endpoint what it is (UsageError, exit 2, when it cannot serve the run); the ttft lab's check()
-    calls it before the run, and run_parts() takes the answer instead of asking again."""
-    key = (cfg.endpoint, cfg.model, cfg.api_key_env)
-    _FOUND[key] = probe.discover(*key)  # its own timeouts: --request-timeout is the requests'
-    return _FOUND[key]
-
-
-def run_parts(cfg, res: LabResult, progress) -> None:
-    key = (cfg.endpoint, cfg.model, cfg.api_key_env)
-    srv = _FOUND.pop(key, None) or probe.discover(*key)  # taken once: a later run in this process asks again
+def measure(cfg: Config, res: LabResult, progress) -> None:
+    """Every endpoint part into `res`, against the server check() found (asked here when it was not)."""
+    srv = cfg.endpoint_found or probe.discover(cfg.endpoint, cfg.model, cfg.api_key_env)
     res.env["server"] = srv.card()
     for n in srv.notes:
         res.note(n)
     if not srv.tokenize:
-        res.note("the server offers no /tokenize: prompt lengths are calibrated from usage.prompt_tokens (the table shows the counts it reported)")
+        res.note("the server offers no /tokenize: prompt lengths are calibrated from usage.prompt_tokens "
+                 "(the table shows the counts it reported)")
     count = _token_counter(cfg, srv, res)
     rows = Rows(res)
     try:
@@ -106,8 +109,6 @@ def _token_counter(cfg, srv: probe.Server, res: LabResult):
     if srv.usage:
         return None
     if cfg.tokenizer:
-        from llmlab.core.models import load_tokenizer
-
         tok = load_tokenizer(cfg.tokenizer)
         res.note(f"the server sends no usage: output tokens counted with --tokenizer {cfg.tokenizer}")
         return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
@@ -133,9 +134,11 @@ async def _measure(cfg, srv: probe.Server, count, rows: Rows, res: LabResult, pr
 
     sweep = lengths(cfg, srv, res)
     top = sweep[-1]
-    prompts = probe.Prompts(srv, probe.corpus_text(max(8 * (top + 64), 200_000)), probe.run_tag(cfg.seed))  # ~50k tokens: distinct offsets
+    text = probe.corpus_text(max(8 * (top + 64), 200_000))  # ~50k tokens: distinct offsets
+    prompts = probe.Prompts(srv, text, probe.run_tag(cfg.seed))
     alone_len = min(ALONE_TOKENS, top)
-    t_out = cfg.request_timeout  # the completions' (stream_completion's own clock); /tokenize and /metrics get HELPER_TIMEOUT_S
+    # the completions' timeout (stream_completion's own clock); /tokenize and /metrics get HELPER_TIMEOUT_S
+    t_out = cfg.request_timeout
     async with httpx.AsyncClient(timeout=httpx.Timeout(max(t_out, HELPER_TIMEOUT_S)), headers=srv.headers) as c:
         async def one(scenario, n_tokens, max_tokens, warm=False, prompt=None):
             prompt = prompt or await prompts.make(c, n_tokens)
@@ -154,8 +157,10 @@ async def _measure(cfg, srv: probe.Server, count, rows: Rows, res: LabResult, pr
                 await one(f"prompt {n}", n, 2)
         for k in track(progress, range(cfg.prefix_probes), "prefix probe"):
             salt = prompts.salt()
-            pair = [await one(f"prefix {i + 1}", top, 2, prompt=await prompts.make(c, top, salt, tail=f"\nQuestion {i + 1}:"))
-                    for i in range(2)]
+            pair = []
+            for i in range(2):
+                prompt = await prompts.make(c, top, salt, tail=f"\nQuestion {i + 1}:")
+                pair.append(await one(f"prefix {i + 1}", top, 2, prompt=prompt))
             rows.probe.append(_probe_row(k, *pair))
             rows.flush()
     if cfg.load_requests:
@@ -165,10 +170,11 @@ async def _measure(cfg, srv: probe.Server, count, rows: Rows, res: LabResult, pr
                 p = await prompts.make(c, alone_len)
                 payloads.append({"model": srv.model, "prompt": p["prompt"], "max_tokens": cfg.new_tokens,
                                  "temperature": 0.0, "ignore_eos": True})
-        task = None if progress is None else progress.add_task(f"load: {cfg.load_requests} requests, concurrency {cfg.concurrency}", total=None)
+        what = f"load: {cfg.load_requests} requests, concurrency {cfg.concurrency}"
+        task = None if progress is None else progress.add_task(what, total=None)
         run = await run_load(srv.completions, payloads, concurrency=cfg.concurrency, request_rate=cfg.request_rate,
-                             burstiness=cfg.burstiness, timeout_s=t_out, api_key_env=cfg.api_key_env, count_tokens=count,
-                             seed=cfg.seed, sink=rows.load)
+                             burstiness=cfg.burstiness, timeout_s=t_out, api_key_env=cfg.api_key_env,
+                             count_tokens=count, seed=cfg.seed, sink=rows.load)
         if task is not None:
             progress.remove_task(task)
         res.env["load_duration_s"] = run.duration_s
@@ -199,10 +205,12 @@ def _summaries(rows: Rows, res: LabResult, cfg) -> None:
         m = calculate_metrics(rows.load, res.env["load_duration_s"])
         res.add_table("endpoint_load", [{"concurrency": cfg.concurrency, "request_rate": cfg.request_rate,
                                          "burstiness": cfg.burstiness, **asdict(m)}])
-        res.add_table("endpoint_latency", [{"metric": k.upper(), **{s: getattr(m, f"{s}_{k}_ms") for s in ("mean", "p50", "p90", "p99")}}
+        res.add_table("endpoint_latency", [{"metric": k.upper(),
+                                            **{s: getattr(m, f"{s}_{k}_ms") for s in ("mean", "p50", "p90", "p99")}}
                                            for k in ("ttft", "tpot", "itl", "e2el")])
         ok = [SimpleNamespace(send_ns=r.send_ns, token_ns=r.chunk_ns, n=r.output_tokens, tpot_ms=1e3 * r.tpot_s,
-                              itl_ms=[1e3 * g for g in r.itl_s]) for r in rows.load if r.ok and (r.output_tokens or 0) > 1]
+                              itl_ms=[1e3 * g for g in r.itl_s])
+              for r in rows.load if r.ok and (r.output_tokens or 0) > 1]
         if ok:
             res.add_table("metric_definitions", [{"requests": "load", **r} for r in metrics.tool_metrics(ok)])
 
@@ -218,7 +226,8 @@ def waterfall_rows(good: pd.DataFrame) -> list[dict]:
         if name.startswith("prefix"):
             continue
         out.append({"scenario": name, "n": len(g), "prompt_tokens": int(g["prompt_tokens"].median()),
-                    **{k: _med(g[k]) for k in ("client_net_ms", "queue_ms", "prefill_ms", "ttft_ms", "first_decode_ms")},
+                    **{k: _med(g[k]) for k in ("client_net_ms", "queue_ms", "prefill_ms", "ttft_ms",
+                                               "first_decode_ms")},
                     "phases_from": g["phases_from"].mode().iloc[0]})
     return out
 
@@ -230,9 +239,10 @@ def sweep_rows(sweep: pd.DataFrame) -> tuple[list[dict], dict]:
     for _, g in sweep.groupby("target_tokens"):
         pre = _med(g["prefill_ms"])
         t = int(g["prompt_tokens"].median())
+        prefilled = g["prompt_n"].median() if g["prompt_n"].notna().any() else t  # the server's own count
         rows.append({"prompt_tokens": t, "n": len(g), "ttft_median_ms": float(g["ttft_ms"].median()),
                      "ttft_min_ms": float(g["ttft_ms"].min()), "prefill_ms": pre,
-                     "server_tok_per_s": (g["prompt_n"].median() if g["prompt_n"].notna().any() else t) / pre * 1e3 if pre else None})
+                     "server_tok_per_s": prefilled / pre * 1e3 if pre else None})
     x = np.array([r["prompt_tokens"] for r in rows], float)
     fit = {"points": len(rows), **linear_fit(x, np.array([r["ttft_min_ms"] for r in rows], float))}
     pre = [r["prefill_ms"] for r in rows]
@@ -244,23 +254,11 @@ def sweep_rows(sweep: pd.DataFrame) -> tuple[list[dict], dict]:
     return rows, fit
 
 
-def linear_fit(x: np.ndarray, y: np.ndarray) -> dict:
-    """y = a + b x, least squares on relative error (weights 1/y: a 16-token prompt's 20 ms counts as much as a
-    4,096-token prompt's 2 s, so a is the fixed cost, not a negative artefact of the longest point).
-    tok_per_s = 1000 / b (b in ms per token); worst = the largest |fit - y| / y: a line or a curve."""
-    nan = {"a_ms": math.nan, "b_ms_per_tok": math.nan, "tok_per_s": math.nan, "worst_rel_err": math.nan}
-    if len(x) < 2 or np.ptp(x) == 0 or (y <= 0).any():
-        return nan
-    w = 1.0 / y
-    (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1) * w[:, None], y * w, rcond=None)
-    worst = float(np.max(np.abs(a + b * x - y) / y))
-    return {"a_ms": float(a), "b_ms_per_tok": float(b), "tok_per_s": 1e3 / b if b > 0 else math.nan, "worst_rel_err": worst}
-
-
 def exit_code(result: LabResult) -> tuple[int, str] | None:
     req = result.tables.get("endpoint_requests")
     if req is not None and len(req) and req["error"].notna().all():
-        return 3, f"every request to {result.env.get('server', {}).get('endpoint', 'the endpoint')} failed ({req['error'].iloc[-1]})"
+        where = result.env.get("server", {}).get("endpoint", "the endpoint")
+        return 3, f"every request to {where} failed ({req['error'].iloc[-1]})"
     return None
 
 
@@ -279,41 +277,49 @@ def _errors(req) -> Claim:
         return Claim(cid, text, "0 failed", "no requests", None, "no request was sent")
     bad = req[req["error"].notna()]
     first = f"; first: {bad['error'].iloc[0][:60]}" if len(bad) else ""
-    return Claim(cid, text, "0 failed", f"{len(bad)} of {len(req)} failed ({len(bad) / len(req):.0%}){first}", len(bad) == 0,
-                 "failed requests are kept in the requests table with their error")
+    return Claim(cid, text, "0 failed", f"{len(bad)} of {len(req)} failed ({len(bad) / len(req):.0%}){first}",
+                 len(bad) == 0, "failed requests are kept in the requests table with their error")
 
 
 def _within(req) -> Claim:
-    cid, text = "ttft_breakdown.endpoint_phases_within_ttft", "Harness check: the server's queue + prefill fit inside the client's TTFT"
+    cid = "ttft_breakdown.endpoint_phases_within_ttft"
+    text = "Harness check: the server's queue + prefill fit inside the client's TTFT"
     exp = "queue + prefill <= TTFT, every request"
     rep = None if empty_table(req) else req[req["error"].isna() & req["prefill_ms"].notna()]
     if rep is None or not len(rep):
-        return Claim(cid, text, exp, "not reported", None, "the server reports no phases (no timings, no vLLM-style /metrics)")
+        return Claim(cid, text, exp, "not reported", None,
+                     "the server reports no phases (no timings, no vLLM-style /metrics)")
     gap = rep["client_net_ms"].astype(float)
     return Claim(cid, text, exp, f"{len(rep)} requests; client + network {gap.min():.2f}-{gap.max():.2f} ms",
-                 bool((gap >= -0.05).all()), "a server clock or a phase that ends after the first token reached the client")
+                 bool((gap >= -0.05).all()),
+                 "a server clock or a phase that ends after the first token reached the client")
 
 
 def _linear(fit) -> Claim:
     cid, text = "ttft_breakdown.endpoint_ttft_linear_in_prompt", "TTFT grows linearly with the prompt: TTFT = a + b T"
     exp = f"within {FIT_REL:.0%} at every length"
     if empty_table(fit) or fit.iloc[0]["points"] < 3 or pd.isna(fit.iloc[0].get("worst_rel_err", math.nan)):
-        return Claim(cid, text, exp, "fewer than 3 lengths", None, "needs 3+ prompt lengths (--prompt-len, sweep points)")
+        return Claim(cid, text, exp, "fewer than 3 lengths", None,
+                     "needs 3+ prompt lengths (--prompt-len, sweep points)")
     f = fit.iloc[0]
-    return Claim(cid, text, exp, f"a {f['a_ms']:.1f} ms + T / {f['tok_per_s']:,.0f} tok/s; worst {f['worst_rel_err']:.0%} off",
+    return Claim(cid, text, exp,
+                 f"a {f['a_ms']:.1f} ms + T / {f['tok_per_s']:,.0f} tok/s; worst {f['worst_rel_err']:.0%} off",
                  bool(f["worst_rel_err"] <= FIT_REL and f["b_ms_per_tok"] > 0),
                  "a curve, not a line: attention's T^2 grows with the prompt (the in-process lab fits a + bT + cT^2)")
 
 
 def _slopes(fit) -> Claim:
-    cid, text = "ttft_breakdown.endpoint_slope_is_prefill", "The prompt costs prefill, not network: TTFT's slope = the server's prefill slope"
+    cid = "ttft_breakdown.endpoint_slope_is_prefill"
+    text = "The prompt costs prefill, not network: TTFT's slope = the server's prefill slope"
     exp = f"within {SLOPE_TOL:.0%}"
     if empty_table(fit) or "server_b_ms_per_tok" not in fit or pd.isna(fit.iloc[0]["server_b_ms_per_tok"]):
         return Claim(cid, text, exp, "not reported", None, "the server reports no prefill time")
     f = fit.iloc[0]
     r = f["b_ms_per_tok"] / f["server_b_ms_per_tok"]
-    return Claim(cid, text, exp, f"client {f['tok_per_s']:,.0f} vs server {f['server_tok_per_s']:,.0f} tok/s ({r:.2f}x)",
-                 bool(abs(r - 1) <= SLOPE_TOL), "a per-token cost outside prefill: the upload, or tokenizing a text prompt")
+    return Claim(cid, text, exp,
+                 f"client {f['tok_per_s']:,.0f} vs server {f['server_tok_per_s']:,.0f} tok/s ({r:.2f}x)",
+                 bool(abs(r - 1) <= SLOPE_TOL),
+                 "a per-token cost outside prefill: the upload, or tokenizing a text prompt")
 
 
 def _prefix(pp) -> Claim:
@@ -325,9 +331,12 @@ def _prefix(pp) -> Claim:
     drop = float(ok["drop"].median())
     cached = pd.to_numeric(ok["second_cached"], errors="coerce")
     share = float((cached / ok["prompt_tokens"]).median()) if cached.notna().all() else None
-    meas = f"TTFT -{drop:.0%}" + (f"; {share:.0%} of {int(ok['prompt_tokens'].iloc[0])} tokens cached" if share is not None else "; cache not reported")
+    tokens = int(ok["prompt_tokens"].iloc[0])
+    meas = f"TTFT -{drop:.0%}" + (f"; {share:.0%} of {tokens} tokens cached" if share is not None
+                                  else "; cache not reported")
     holds = drop >= PREFIX_DROP and (share is None or share >= PREFIX_SHARE)
-    return Claim(cid, text, exp, meas, bool(holds), "prefix caching is off, or the prefix is evicted between the two requests")
+    return Claim(cid, text, exp, meas, bool(holds),
+                 "prefix caching is off, or the prefix is evicted between the two requests")
 
 
 # ---------------------------------------------------------------- report
@@ -336,28 +345,37 @@ def _prefix(pp) -> Claim:
 def views(result: LabResult) -> list[View]:
     srv = result.env.get("server", {})
     out = [
-        View("1. Where TTFT goes at this endpoint", f"{srv.get('endpoint', '?')} ({srv.get('model', '?')}): the server's own phases "
+        View("1. Where TTFT goes at this endpoint",
+             f"{srv.get('endpoint', '?')} ({srv.get('model', '?')}): the server's own phases "
              f"({_source(result)}) and the client's stamps, per scenario (medians, ms)", "endpoint_waterfall",
-             (Col("scenario", "scenario", "text", 12), Col("prompt_tokens", "prompt tok", "int"), Col("client_net_ms", "client + net", ",.1f"),
-              Col("queue_ms", "queue", ",.1f"), Col("prefill_ms", "prefill", ",.1f"), Col("ttft_ms", "TTFT", ",.1f"),
+             (Col("scenario", "scenario", "text", 12), Col("prompt_tokens", "prompt tok", "int"),
+              Col("client_net_ms", "client + net", ",.1f"), Col("queue_ms", "queue", ",.1f"),
+              Col("prefill_ms", "prefill", ",.1f"), Col("ttft_ms", "TTFT", ",.1f"),
               Col("first_decode_ms", "1st decode", ",.1f")),
-             chart=Chart("TTFT waterfall (ms, medians)", "endpoint_waterfall", "scenario", ["client_net_ms", "queue_ms", "prefill_ms"],
-                         kind="stacked", xlabel="scenario")),
-        View("2. Prompt length", "How fast does the server prefill? TTFT = a + b T on each length's fastest request", "endpoint_sweep",
-             (Col("prompt_tokens", "prompt tokens", "int"), Col("ttft_median_ms", "TTFT ms"), Col("ttft_min_ms", "fastest ms"),
-              Col("fit_ms", "fit ms"), Col("prefill_ms", "server prefill ms"), Col("server_tok_per_s", "server tok/s", ",.0f"))),
-        View("3. Prefix probe", "The same long prefix twice: how much faster is the second first token?", "prefix_probe",
-             (Col("pair", "pair", "int"), Col("prompt_tokens", "prompt tok", "int"), Col("first_ttft_ms", "1st TTFT ms"),
-              Col("second_ttft_ms", "2nd TTFT ms"), Col("drop", "drop", "%"), Col("second_cached", "cached tok (server)", "int"))),
+             chart=Chart("TTFT waterfall (ms, medians)", "endpoint_waterfall", "scenario",
+                         ["client_net_ms", "queue_ms", "prefill_ms"], kind="stacked", xlabel="scenario")),
+        View("2. Prompt length", "How fast does the server prefill? TTFT = a + b T on each length's fastest request",
+             "endpoint_sweep",
+             (Col("prompt_tokens", "prompt tokens", "int"), Col("ttft_median_ms", "TTFT ms"),
+              Col("ttft_min_ms", "fastest ms"), Col("fit_ms", "fit ms"), Col("prefill_ms", "server prefill ms"),
+              Col("server_tok_per_s", "server tok/s", ",.0f"))),
+        View("3. Prefix probe", "The same long prefix twice: how much faster is the second first token?",
+             "prefix_probe",
+             (Col("pair", "pair", "int"), Col("prompt_tokens", "prompt tok", "int"),
+              Col("first_ttft_ms", "1st TTFT ms"), Col("second_ttft_ms", "2nd TTFT ms"), Col("drop", "drop", "%"),
+              Col("second_cached", "cached tok (server)", "int"))),
         View("4. Under load", _load_question(result), "endpoint_latency",
-             (Col("metric", "metric", "text"), Col("mean", "mean ms"), Col("p50", "p50 ms"), Col("p90", "p90 ms"), Col("p99", "p99 ms"))),
-        View("5. One run, four tools' per-token latency", "The same load requests: what each benchmark tool would report (ms)",
-             "metric_definitions", (Col("tool", "tool", "text", 22), Col("metric", "metric", "text", 26), Col("value_ms", "ms", ",.2f"))),
+             (Col("metric", "metric", "text"), Col("mean", "mean ms"), Col("p50", "p50 ms"), Col("p90", "p90 ms"),
+              Col("p99", "p99 ms"))),
+        View("5. One run, four tools' per-token latency",
+             "The same load requests: what each benchmark tool would report (ms)", "metric_definitions",
+             (Col("tool", "tool", "text", 22), Col("metric", "metric", "text", 26), Col("value_ms", "ms", ",.2f"))),
     ]
     req = result.tables.get("endpoint_requests")
     if not empty_table(req) and req["error"].notna().any():
         out.append(View("6. Failed requests", "Which requests failed, and why?", "endpoint_requests",
-                        (Col("scenario", "scenario", "text", 12), Col("prompt_tokens", "prompt tok", "int"), Col("error", "error", "text", 50)),
+                        (Col("scenario", "scenario", "text", 12), Col("prompt_tokens", "prompt tok", "int"),
+                         Col("error", "error", "text", 50)),
                         rows=lambda df: df[df["error"].notna()], max_rows=6))
     return out
 
@@ -375,28 +393,34 @@ def _load_question(result: LabResult) -> str:
     if empty_table(ld):
         return "TTFT, TPOT, ITL and E2EL under load (vLLM bench serve's definitions)"
     r = ld.iloc[0]
-    rate = "as fast as allowed" if pd.isna(r["request_rate"]) or math.isinf(r["request_rate"]) else f"{r['request_rate']:g}/s (burstiness {r['burstiness']:g})"
-    return (f"{int(r['completed'])} ok, {int(r['failed'])} failed ({r['error_rate']:.0%}); concurrency {int(r['concurrency'])}, "
-            f"arrivals {rate}: {r['output_throughput']:,.0f} output tok/s, {r['request_throughput']:.2f} req/s")
+    unlimited = pd.isna(r["request_rate"]) or math.isinf(r["request_rate"])
+    rate = "as fast as allowed" if unlimited else f"{r['request_rate']:g}/s (burstiness {r['burstiness']:g})"
+    return (f"{int(r['completed'])} ok, {int(r['failed'])} failed ({r['error_rate']:.0%}); "
+            f"concurrency {int(r['concurrency'])}, arrivals {rate}: {r['output_throughput']:,.0f} output tok/s, "
+            f"{r['request_throughput']:.2f} req/s")
 
 
 def headline(result: LabResult, claims: list[Claim]) -> str:
     t = result.tables
-    wf, fit, pp, lat = t.get("endpoint_waterfall"), t.get("endpoint_fit"), t.get("prefix_probe"), t.get("endpoint_latency")
+    wf, fit, pp = t.get("endpoint_waterfall"), t.get("endpoint_fit"), t.get("prefix_probe")
+    lat = t.get("endpoint_latency")
     if empty_table(wf):
         return "No request to the endpoint completed."
     a = wf[wf["scenario"] == "alone"]
     parts = []
     if len(a):
         r = a.iloc[0]
-        split = (f" (prefill {r['prefill_ms']:.1f}, queue {r['queue_ms'] or 0:.1f}, client + network {r['client_net_ms']:.1f})"
+        split = (f" (prefill {r['prefill_ms']:.1f}, queue {r['queue_ms'] or 0:.1f}, "
+                 f"client + network {r['client_net_ms']:.1f})"
                  if pd.notna(r["prefill_ms"]) else " (server phases not reported)")
-        parts.append(f"Alone, a {int(r['prompt_tokens'])}-token prompt's first token takes {r['ttft_ms']:.1f} ms{split}")
+        parts.append(f"Alone, a {int(r['prompt_tokens'])}-token prompt's first token takes "
+                     f"{r['ttft_ms']:.1f} ms{split}")
     if not empty_table(fit) and pd.notna(fit.iloc[0]["tok_per_s"]):
         sw = t.get("endpoint_sweep")
         top = sw.iloc[-1] if not empty_table(sw) else None
-        at_top = (f" ({top['prompt_tokens'] / (top['ttft_min_ms'] - fit.iloc[0]['a_ms']) * 1e3:,.0f} at {int(top['prompt_tokens']):,})"
-                  if top is not None and top["ttft_min_ms"] > fit.iloc[0]["a_ms"] else "")
+        a_ms = fit.iloc[0]["a_ms"]
+        at_top = (f" ({top['prompt_tokens'] / (top['ttft_min_ms'] - a_ms) * 1e3:,.0f} at {int(top['prompt_tokens']):,})"
+                  if top is not None and top["ttft_min_ms"] > a_ms else "")
         parts.append(f"prefill runs at {fit.iloc[0]['tok_per_s']:,.0f} tok/s{at_top}")
     if not empty_table(pp) and pp["drop"].notna().any():
         parts.append(f"a repeated prefix cuts TTFT by {pp['drop'].median():.0%}")

@@ -1,6 +1,6 @@
 """One request served in-process and timed phase by phase, and the cold start in a fresh process.
 
-Reading order: `serve` (one request: retrieval, template + tokenize, prefill, first token, decode
+Reading order: `time_request` (one request: retrieval, template + tokenize, prefill, first token, decode
 steps) -> `Delayed` / `slowed_forward` (a known delay inside one component, to check that the
 breakdown attributes it to its phase) -> `cold_start` (a fresh interpreter: imports, device,
 weights, first token).
@@ -8,19 +8,38 @@ weights, first token).
 Every phase has its own start and end stamp (time.perf_counter_ns; the device is synchronised
 before a phase that launched GPU work ends), so the phases do not add up to the TTFT by
 construction: what they miss is the harness's own overhead, reported as the remainder.
+
+torch, transformers and llmlab.inference are imported inside the functions that use them: `llmlab --help`
+imports this package (for its Config), and the cold-start child stamps its own imports of torch and
+transformers.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from llmlab.core.device import resolve_device
+from llmlab.core.models import arch_config, classify, load_tokenizer
 from llmlab.loadgen.metrics import Trace
 from llmlab.serving.chat import render_chat
 
 RAG_USER = "Answer from the context below.\n\nContext:\n{context}\n\nQuestion: {question}"
 SYSTEM = "You are a helpful assistant for Python questions. Answer briefly."
+# The chat questions every scenario asks (cycled), so chat, RAG and the queue serve the same work.
+QUESTIONS = (
+    "What does the with statement do with __enter__ and __exit__?",
+    "How does a for loop use the iterator protocol?",
+    "What is the difference between is and == when comparing objects?",
+    "How do keyword-only arguments work in a function definition?",
+    "What happens when an exception is raised inside a try statement with finally?",
+)
 
 now_ns = time.perf_counter_ns
 
@@ -34,10 +53,10 @@ class Request:
     new_tokens: int = 16  # exactly this many tokens are streamed (EOS ignored, like vLLM's ignore_eos)
     system: str = SYSTEM
     max_prompt_tokens: int | None = None  # keep only the last N prompt tokens (the context limit)
-    send_ns: int = 0  # when the client sent it; 0 = "now", set by `serve`
+    send_ns: int = 0  # when the client sent it; 0 = "now", set by `time_request`
 
 
-def serve(model, tokenizer, device, req: Request, retrieve: Callable[[str], str] | None = None,
+def time_request(model, tokenizer, device, req: Request, retrieve: Callable[[str], str] | None = None,
           on_token: Callable[[str], None] | None = None) -> Trace:
     """Serve one streaming request, greedy, and time each phase. The first token's receipt closes TTFT.
 
@@ -115,7 +134,7 @@ def spin(seconds: float) -> None:
 
 class Delayed:
     """`inner` with `delay_s` of busy-wait added before each call of one method ("__call__" = encode for a
-    tokenizer, "decode" = detokenize). Everything else passes through, so `serve` sees the same object.
+    tokenizer, "decode" = detokenize). Everything else passes through, so `time_request` sees the same object.
     """
 
     def __init__(self, inner, delay_s: float, method: str = "__call__"):
@@ -172,15 +191,8 @@ def cold_start_child(stamps: dict[str, int]) -> None:
     Stamps (time.monotonic_ns, a system-wide clock the parent shares) each step of a cold start,
     serves the same request once cold and `warm_repeats` times warm, and prints one JSON line.
     """
-    import json
-    import os
-    import sys
-
     import torch
     from transformers import AutoModelForCausalLM
-
-    from llmlab.core.device import resolve_device
-    from llmlab.core.models import arch_config, classify, load_tokenizer
 
     ref, device_spec, user = sys.argv[1], sys.argv[2], sys.argv[3]
     new_tokens, warm_repeats, threads = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
@@ -208,9 +220,9 @@ def cold_start_child(stamps: dict[str, int]) -> None:
     device.synchronize()
     stamps["to_device"] = time.monotonic_ns()
     req = Request(user, new_tokens=new_tokens)
-    cold = serve(model, tokenizer, device, req)
+    cold = time_request(model, tokenizer, device, req)
     stamps["first_token"] = cold.token_ns[0] + mono_minus_perf
-    warm = [serve(model, tokenizer, device, Request(user, new_tokens=new_tokens)) for _ in range(warm_repeats)]
+    warm = [time_request(model, tokenizer, device, Request(user, new_tokens=new_tokens)) for _ in range(warm_repeats)]
     out = {"stamps": stamps, "weight_bytes": weight_bytes, "n_params": sum(p.numel() for p in model.parameters()),
            "cold": cold.breakdown(), "warm": [w.breakdown() for w in warm], "prompt_tokens": cold.prompt_tokens}
     sys.stdout.write(COLD_START_TAG + json.dumps(out) + "\n")
@@ -224,17 +236,12 @@ def cold_start(ref: str, device_spec: str, user: str, new_tokens: int, warm_repe
     Adds the parent's own view: `spawn_ns` (just before the process is created) and `exit_ns`
     (after it has exited), on the same monotonic clock as the child's stamps.
     """
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[3])  # so the child imports this very tree
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    cmd = [sys.executable, "-c", COLD_START_CODE, ref, device_spec, user, str(new_tokens), str(warm_repeats), str(threads)]
+    cmd = [sys.executable, "-c", COLD_START_CODE, ref, device_spec, user, str(new_tokens), str(warm_repeats),
+           str(threads)]
     spawn = time.monotonic_ns()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     exit_ns = time.monotonic_ns()
