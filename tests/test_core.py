@@ -17,7 +17,8 @@ from llmlab.core.errors import UsageError
 from llmlab.core.render import chart_text, fmt, render
 from llmlab.core.results import Chart, Claim, LabResult, atomic_write, check_writable
 from llmlab.core.specs import gpu_spec, peak_for
-from llmlab.core.timing import LATENCY, THROUGHPUT, Stopwatch, autorange, measure, summarize
+from llmlab.core.stats import summary
+from llmlab.core.timing import LATENCY, THROUGHPUT, Stopwatch, autorange, measure
 
 CPU = Device("cpu")
 
@@ -77,19 +78,19 @@ def test_gpu_spec_matching():
 # ---------------------------------------------------------------- timing
 
 
-def test_summarize_matches_numpy():
+def test_summary_matches_numpy():
     rng = np.random.default_rng(0)
     xs = list(rng.exponential(size=101))
-    s = summarize(xs)
+    s = summary(xs)
     assert s.n == 101
-    assert s.median_ms == pytest.approx(statistics.median(xs))
-    assert s.p10_ms == pytest.approx(np.quantile(xs, 0.1))
-    assert s.p90_ms == pytest.approx(np.quantile(xs, 0.9))
-    assert s.min_ms == min(xs) and s.max_ms == max(xs)
-    assert s.min_ms <= s.p10_ms <= s.median_ms <= s.p90_ms <= s.max_ms
-    assert summarize([2.0]).p90_ms == 2.0
+    assert s.median == pytest.approx(statistics.median(xs))
+    assert s.p10 == pytest.approx(np.quantile(xs, 0.1))
+    assert s.p90 == pytest.approx(np.quantile(xs, 0.9))
+    assert s.min == min(xs) and s.max == max(xs)
+    assert s.min <= s.p10 <= s.median <= s.p90 <= s.max
+    assert summary([2.0]).p90 == 2.0
     with pytest.raises(ValueError):
-        summarize([])
+        summary([])
 
 
 def test_measure_times_real_work():
@@ -103,14 +104,14 @@ def test_measure_times_real_work():
 
     s = measure(fn, CPU, mode=LATENCY, warmup=2, repeats=5)
     assert len(calls) == 7 and s.n == 5
-    assert 1.9 <= s.min_ms < 50  # a 2 ms sleep is at least 2 ms
+    assert 1.9 <= s.min < 50  # a 2 ms sleep is at least 2 ms
 
 
 def test_measure_setup_is_outside_the_timed_region():
     import time
 
     s = measure(lambda: None, CPU, mode=LATENCY, warmup=1, repeats=4, setup=lambda: time.sleep(0.01))
-    assert s.median_ms < 5
+    assert s.median < 5
 
 
 def test_measure_throughput_times_blocks_of_calls_per_call():
@@ -125,9 +126,9 @@ def test_measure_throughput_times_blocks_of_calls_per_call():
     s = measure(fn, CPU, mode=THROUGHPUT, warmup=1, repeats=3, min_block_s=0.01)
     per_block = (len(calls) - 1 - 1) // 3  # warm-up and probe, then 3 blocks
     assert per_block >= 4 and len(calls) == 2 + 3 * per_block and s.n == 3
-    assert 1.9 <= s.min_ms < 50  # per call (~2 ms), not per block (>= 10 ms)
+    assert 1.9 <= s.min < 50  # per call (~2 ms), not per block (>= 10 ms)
     s = measure(fn, CPU, mode=THROUGHPUT, warmup=0, repeats=2, calls=3)
-    assert s.n == 2 and 1.9 <= s.min_ms < 50
+    assert s.n == 2 and 1.9 <= s.min < 50
 
 
 def test_measure_asks_for_a_mode():
@@ -144,7 +145,7 @@ def test_autorange_uses_torch_benchmark():
 
     a = torch.randn(64, 64)
     s = autorange(lambda: a @ a, CPU, min_run_time=0.05)
-    assert s.n >= 1 and 0 < s.median_ms < 100
+    assert s.n >= 1 and 0 < s.median < 100
 
 
 def test_stopwatch_phases_add_up():
@@ -311,7 +312,7 @@ def test_interleaved_times_real_work_and_pairs_ratios():
 
     res = interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: time.sleep(0.001)}, 5, CPU)
     assert all(s >= 0.0199 for s in res.seconds["slow"])  # a 20 ms sleep is at least 20 ms
-    assert res.stats("slow").n == 5 and res.stats("slow").median_ms >= 19.9
+    assert res.stats("slow").n == 5 and res.stats("slow").median >= 19.9
     ratios = res.ratios("slow", "fast")
     assert len(ratios) == 5 and statistics.median(ratios) > 2  # 20 ms vs 1 ms (+ a busy box's oversleep)
 

@@ -89,7 +89,7 @@ def test_gpu_n_activate_sets_and_restores_the_device(cuda):
 
 def test_gpu_n_measure_records_events_on_that_devices_stream(cuda):
     st = timing.measure(lambda: None, Device("cuda:3"), mode=timing.LATENCY, warmup=1, repeats=4)
-    assert st.n == 4 and st.median_ms == 2.0
+    assert st.n == 4 and st.median == 2.0
     records = [d for kind, d in cuda.log if kind == "record"]
     assert records == [3] * 8  # start and end of each of 4 calls, all on GPU 3's stream
     assert {d for kind, d in cuda.log if kind in ("sync", "event-sync")} == {3}
@@ -329,14 +329,14 @@ def test_latency_rows_start_every_call_from_an_idle_stream(cuda):
         st, _ = _launch_log(cuda, timing.LATENCY, setup)
         kinds = [k for k, _ in cuda.log]
         starts = [i for i, k in enumerate(kinds) if k == "record"][::2]
-        assert len(starts) == 3 and st.n == 3 and st.median_ms == 2.0  # one call per event pair: 2 ms each
+        assert len(starts) == 3 and st.n == 3 and st.median == 2.0  # one call per event pair: 2 ms each
         assert all(kinds[i - 1] == "sync" for i in starts)  # the stream is synchronised right before each start event
 
 
 def test_throughput_rows_time_a_block_of_calls_between_one_event_pair(cuda):
     st, marks = _launch_log(cuda, timing.THROUGHPUT, calls=5)
     assert len(marks) == 15 and st.n == 3
-    assert st.median_ms == pytest.approx(2.0 / 5)  # the block's 2 ms over its 5 calls
+    assert st.median == pytest.approx(2.0 / 5)  # the block's 2 ms over its 5 calls
     assert sum(1 for k, _ in cuda.log if k == "record") == 6  # one event pair per block, never per call
 
 

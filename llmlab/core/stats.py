@@ -1,4 +1,8 @@
-"""Statistics every lab shares: unitless summaries, the chi-square test of a sampler, and its power.
+"""Statistics every lab shares: one summary of n values, the chi-square test of a sampler, and its power.
+
+`Summary` is the one summary class: median, p10, p90, min, max and mean in the values' own unit,
+which the producer names (`core.timing` returns per-call times in milliseconds; a lab summarising
+tokens/s says so in its column names through `as_dict(prefix, suffix)`).
 
 A sampler is judged against an exact law with Pearson's chi-square. A pass means little unless
 the test could have failed: `detectable_effect` says how large a departure (Cohen's w) the
@@ -34,8 +38,15 @@ class Summary:
     n: int
 
     def as_dict(self, prefix: str = "", suffix: str = "") -> dict[str, float]:
-        """Flat keys with the unit attached by the caller: as_dict("tokens_per_s_") -> tokens_per_s_median, ..."""
-        return {f"{prefix}{k}{suffix}": v for k, v in asdict(self).items()}
+        """Flat keys with the unit attached by the caller: as_dict("latency_", "_ms") -> latency_median_ms, ...
+
+        The count keeps its own name: {prefix}n, without the suffix.
+        """
+        return {f"{prefix}{k}{'' if k == 'n' else suffix}": v for k, v in asdict(self).items()}
+
+    def divided(self, k: float) -> Summary:
+        """Every value divided by k, n unchanged: per-call values of samples that each covered k calls."""
+        return Summary(self.median / k, self.p10 / k, self.p90 / k, self.min / k, self.max / k, self.mean / k, self.n)
 
 
 def quantile(sorted_xs: list[float], q: float) -> float:

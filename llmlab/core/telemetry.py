@@ -116,9 +116,10 @@ class Telemetry:
 
         n, h, b = self._nvml, self._handle, self._board  # b: the whole board (a MIG slice's parent)
         # nvidia-ml-py 12.535+ renamed "throttle" reasons to "clocks event" reasons; older ones have only the first name
-        reasons_fn = (getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                      or n.nvmlDeviceGetCurrentClocksThrottleReasons)
-        event_reasons = lambda: reasons_fn(b)  # noqa: E731
+        def event_reasons():  # looked up when read: nvml_read reports a missing function as the field's error
+            new_name = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            return (new_name or n.nvmlDeviceGetCurrentClocksThrottleReasons)(b)
+
         return {"t_s": time.perf_counter() - self._t0, **nvml_read({
             "sm_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(b, n.NVML_CLOCK_SM),
             "mem_clock_mhz": lambda: n.nvmlDeviceGetClockInfo(b, n.NVML_CLOCK_MEM),

@@ -1,5 +1,7 @@
 """Timing: warm-up, synchronise, CUDA events or perf_counter_ns, robust statistics.
 
+Every timer returns a `core.stats.Summary` of per-call times in milliseconds.
+
 References:
 - torch.utils.benchmark (Timer.blocked_autorange): the right tool for sub-millisecond kernels,
   it picks the number of calls per block so timer overhead vanishes. `autorange` wraps it.
@@ -24,48 +26,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from llmlab.core.device import Device
-from llmlab.core.stats import summary
+from llmlab.core.stats import Summary, summary
 
 LATENCY = "latency"  # one call from an idle (synchronised) stream: launch latency inside each sample
 THROUGHPUT = "throughput"  # a block of calls back to back: launch latency overlapped, per call = block / calls
 MODES = (LATENCY, THROUGHPUT)
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Per-call wall time statistics over n samples, in milliseconds."""
-
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    min_ms: float
-    max_ms: float
-    mean_ms: float
-    n: int
-
-    def as_dict(self, prefix: str = "") -> dict[str, float]:
-        return {f"{prefix}{k}": v for k, v in asdict(self).items()}
-
-    @property
-    def median_s(self) -> float:
-        return self.median_ms / 1e3
-
-    def per_call(self, calls: int) -> Stats:
-        """The same samples divided by `calls`: per-call times of samples that each timed `calls` calls."""
-        ms = {k: v / calls for k, v in asdict(self).items() if k.endswith("_ms")}
-        return Stats(**ms, n=self.n)
-
-
-def summarize(samples_ms: list[float]) -> Stats:
-    """Median, p10, p90, min, max, mean of samples (ms). Raises ValueError on no samples."""
-    if not samples_ms:
-        raise ValueError("no samples to summarise")
-    s = summary(samples_ms)
-    return Stats(median_ms=s.median, p10_ms=s.p10, p90_ms=s.p90, min_ms=s.min, max_ms=s.max, mean_ms=s.mean, n=s.n)
 
 
 class L2Flusher:
@@ -94,7 +62,7 @@ def measure(
     max_time_s: float | None = None,
     min_block_s: float = 0.02,
     calls: int | None = None,
-) -> Stats:
+) -> Summary:
     """Time `fn()` after `warmup` calls: `repeats` samples, each a LATENCY or a THROUGHPUT sample.
 
     - mode=LATENCY: a sample is one call from an idle stream (`setup`, then a device synchronise,
@@ -127,7 +95,7 @@ def measure(
             samples.append(sec * 1e3 / calls)
             if max_time_s and len(samples) >= 3 and time.perf_counter() - t_start > max_time_s:
                 break
-    return summarize(samples)
+    return summary(samples)
 
 
 def calls_per_block(fn: Callable[[], object], device: Device, min_block_s: float,
@@ -194,9 +162,9 @@ class Interleaved(NamedTuple):
     outputs: dict[str, object]  # method -> the return value of its untimed first pass
     seconds: dict[str, list[float]]  # method -> one wall time per round, in round order
 
-    def stats(self, name: str) -> Stats:
+    def stats(self, name: str) -> Summary:
         """Per-call time of `name` over the rounds, in ms."""
-        return summarize([s * 1e3 for s in self.seconds[name]])
+        return summary(s * 1e3 for s in self.seconds[name])
 
     def ratios(self, base: str, name: str) -> list[float]:
         """Per-round speed-up of `name` over `base` (base time / name time), paired round by round."""
@@ -252,7 +220,7 @@ def interleaved(
     return Interleaved(outputs, seconds)
 
 
-def autorange(fn: Callable[[], object], device: Device, *, min_run_time: float = 0.2) -> Stats:
+def autorange(fn: Callable[[], object], device: Device, *, min_run_time: float = 0.2) -> Summary:
     """Time a fast `fn` with torch.utils.benchmark.Timer.blocked_autorange: THROUGHPUT samples.
 
     Each sample is the mean per-call time of one block of many calls, so the statistics are
@@ -267,7 +235,7 @@ def autorange(fn: Callable[[], object], device: Device, *, min_run_time: float =
         m = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=_threads()).blocked_autorange(
             min_run_time=min_run_time
         )
-    return summarize([t * 1e3 for t in m.times])
+    return summary(t * 1e3 for t in m.times)
 
 
 def _threads() -> int:
