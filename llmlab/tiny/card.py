@@ -148,11 +148,23 @@ def render_card(out: Path) -> None:
     """MODEL_CARD.md from out/metrics.json (re-renderable without re-measuring)."""
     out = Path(out)
     payload = json.loads((out / "metrics.json").read_text())
-    report, m, env, sizes = payload["report"], payload["metrics"], payload["env"], payload["sizes_bytes"]
-    cfg = report["config"]
-    a = m["agreement"]
-    t, d = cfg["target"], cfg["draft"]
-    lines = [
+    m = payload["metrics"]
+    lines = [*_header_lines(payload), *_architecture_lines(payload), *_data_lines(payload),
+             *_training_lines(payload), *_quality_lines(m), *_decode_lines(payload),
+             *_goal_lines(m), *_copy_lines(m), *_loop_lines(m), *_sample_lines(m), *_LIMITS]
+    (out / "MODEL_CARD.md").write_text("\n".join(lines))
+
+
+_LIMITS = ["", "## Limits", "",
+           "Trained for about an hour on one CPU thread: it continues Python-documentation-like text and code,",
+           "it does not follow instructions, and greedy text can still repeat itself on prompts other than the",
+           "loop check's. Use it to measure inference, never to judge answers.", ""]
+
+
+def _header_lines(payload: dict) -> list[str]:
+    m, env = payload["metrics"], payload["env"]
+    load = f", 1-minute load average {m['load_average_1m']:.1f} when timed" if "load_average_1m" in m else ""
+    return [
         "# tiny / tiny-draft: the built-in model pair",
         "",
         "Two small Llama models (`LlamaForCausalLM`) sharing one byte-level BPE tokenizer, trained from scratch on",
@@ -165,23 +177,32 @@ def render_card(out: Path) -> None:
         f"- Measured by: `{payload.get('measured_by', MEASURED_BY)}`;",
         "  `llmlab tiny eval` re-measures the shipped pair.",
         f"- Machine: {env['cpu']}, {env['logical']} logical CPUs, torch threads {m.get('torch_threads', 'n/a')}"
-        + (f", 1-minute load average {m['load_average_1m']:.1f} when timed" if "load_average_1m" in m else "")
-        + f"; Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}; {env['utc']}.",
+        f"{load}; Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}; {env['utc']}.",
         "",
+    ]
+
+
+def _architecture_lines(payload: dict) -> list[str]:
+    cfg, m, sizes = payload["report"]["config"], payload["metrics"], payload["sizes_bytes"]
+    lines = [
         "## Architecture",
         "",
         "| | layers | hidden | heads / KV heads | head_dim | intermediate | vocab | max positions | params | on disk |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, arch, n in (("tiny", t, m["params_target"]), ("tiny-draft", d, m["params_draft"])):
+    for name, arch, n in (("tiny", cfg["target"], m["params_target"]), ("tiny-draft", cfg["draft"], m["params_draft"])):
         lines.append(f"| `{name}` | {arch['layers']} | {arch['hidden']} | {arch['heads']} / {arch['kv_heads']} | "
                      f"{arch['hidden'] // arch['heads']} | {arch['intermediate']} | {cfg['vocab_size']} | 8192 | "
                      f"{n / 1e6:.2f} M | {sizes[name] / 1e6:.1f} MB |")
-    lines += [
-        "",
-        "RoPE (theta 10000), RMSNorm, SwiGLU, tied input/output embeddings, float32 safetensors.",
-        f"Positions past the {cfg['seq_len']}-token training windows work (RoPE) but were never trained on.",
-        "",
+    return [*lines, "",
+            "RoPE (theta 10000), RMSNorm, SwiGLU, tied input/output embeddings, float32 safetensors.",
+            f"Positions past the {cfg['seq_len']}-token training windows work (RoPE) but were never trained on.",
+            ""]
+
+
+def _data_lines(payload: dict) -> list[str]:
+    report, env = payload["report"], payload["env"]
+    return [
         "## Data",
         "",
         f"- Corpus sha256 (first 16 hex): `{report['corpus_sha256']}` (Python {env['python']}; another version's",
@@ -189,27 +210,38 @@ def render_card(out: Path) -> None:
         f"- Train: {report['train_bytes'] / 1e6:.2f} MB of text, {report['train_tokens']:,} tokens; held out (whole",
         f"  documents, 5 % chosen by a hash of their names): {report['heldout_bytes'] / 1e6:.2f} MB, "
         f"{report['heldout_tokens']:,} tokens.",
-        f"- Tokenizer: byte-level BPE, vocab {cfg['vocab_size']}, `<|endoftext|>` (id 0) as bos/eos/pad.",
+        f"- Tokenizer: byte-level BPE, vocab {report['config']['vocab_size']}, `<|endoftext|>` (id 0) as bos/eos/pad.",
         "",
+    ]
+
+
+def _training_lines(payload: dict) -> list[str]:
+    report = payload["report"]
+    cfg = report["config"]
+    return [
         "## Training",
         "",
         f"- Seed {cfg['seed']}, windows of {cfg['seq_len']} tokens, batch {cfg['batch_size']}, AdamW (0.9, 0.95), "
-        f"weight decay "
-        f"{cfg['weight_decay']}, {cfg.get('warmup_steps', 'n/a')} steps of linear warm-up, the peak, then cosine to "
-        f"{int(cfg['min_lr_frac'] * 100)} % over the last {cfg.get('decay_frac', 1):.0%} of the steps (WSD),"
-        f" gradient clip {cfg['grad_clip']}, torch threads {cfg['threads'] or 'default'}.",
+        f"weight decay {cfg['weight_decay']}, {cfg.get('warmup_steps', 'n/a')} steps of linear warm-up, the peak, "
+        f"then cosine to {int(cfg['min_lr_frac'] * 100)} % over the last {cfg.get('decay_frac', 1):.0%} of the "
+        f"steps (WSD), gradient clip {cfg['grad_clip']}, torch threads {cfg['threads'] or 'default'}.",
         f"- `tiny`: {report['target_steps']} steps at peak LR {cfg['target_lr']} in "
         f"{report['target_seconds'] / 60:.1f} min; "
         f"train loss (mean of the last 20 steps) {payload['final_train_loss_target']:.3f}.",
-        f"- `tiny-draft`: {report['draft_steps']} steps of distillation (KL(target || draft), T = "
-        f"{cfg['distill_temperature']}) "
-        f"at peak LR {cfg['draft_lr']} in {report['draft_seconds'] / 60:.1f} min; final KL "
-        f"{payload['final_train_kl_draft']:.3f} nats/token.",
+        f"- `tiny-draft`: {report['draft_steps']} steps of distillation (KL(target || draft), "
+        f"T = {cfg['distill_temperature']}) at peak LR {cfg['draft_lr']} in {report['draft_seconds'] / 60:.1f} min; "
+        f"final KL {payload['final_train_kl_draft']:.3f} nats/token.",
         *_curriculum_lines(cfg, report),
         f"- Reproduce: `llmlab tiny train --out DIR --target-steps {report['target_steps']} "
-        f"--draft-steps {report['draft_steps']} --threads {cfg['threads'] or 1}` (seed {cfg['seed']}; same Python and "
-        f"torch for the same bits).",
+        f"--draft-steps {report['draft_steps']} --threads {cfg['threads'] or 1}` (seed {cfg['seed']}; same Python "
+        f"and torch for the same bits).",
         "",
+    ]
+
+
+def _quality_lines(m: dict) -> list[str]:
+    a = m["agreement"]
+    return [
         "## Held-out quality",
         "",
         f"Next-token cross-entropy on the first {m['eval_tokens']:,} held-out tokens (windows of 256).",
@@ -227,35 +259,37 @@ def render_card(out: Path) -> None:
         f"{a['target_self_consistency']:.3f}.",
         "",
     ]
-    if "decode_target" in m:
-        dt, dd = m["decode_target"], m["decode_draft"]
-        lines += [
-            "## Decode cost",
-            "",
-            f"HF `generate`, greedy, batch 1, 32-token prompt, (median t({dt['new_tokens']} + 1 new) - median t(1 "
-            f"new)) / "
-            f"{dt['new_tokens']} over {dt['repeats']} repeats",
-            "after a warm-up, the two models alternating (min - max of the per-repeat estimates):",
-            "",
-            f"- `tiny`: {dt['median_ms']:.2f} ms/token ({dt['min_ms']:.2f} - {dt['max_ms']:.2f})",
-            f"- `tiny-draft`: {dd['median_ms']:.2f} ms/token ({dd['min_ms']:.2f} - {dd['max_ms']:.2f})",
-            f"- cost ratio c = {m['c_ratio']:.3f}; with agreement a = {a['agreement']:.2f} and k = 4 drafted tokens, "
-            f"Leviathan et al. predict (1 - a^5) / ((1 - a)(4c + 1)) = {m['expected_speedup_k4']:.2f}x.",
-            "",
-            *[line for line in [payload.get("timing_note")] if line],
-            "Timings depend on the machine and on what else runs on it; re-measure with `llmlab tiny eval`.",
-            "",
-        ]
-    lines += _goal_lines(m) + _copy_lines(m) + _loop_lines(m)
-    lines += ["## Sample continuations (greedy, 40 tokens)", ""]
+
+
+def _decode_lines(payload: dict) -> list[str]:
+    m = payload["metrics"]
+    if "decode_target" not in m:
+        return []
+    dt, dd, a = m["decode_target"], m["decode_draft"], m["agreement"]
+    return [
+        "## Decode cost",
+        "",
+        f"HF `generate`, greedy, batch 1, 32-token prompt, (median t({dt['new_tokens']} + 1 new) - median t(1 new)) "
+        f"/ {dt['new_tokens']} over {dt['repeats']} repeats",
+        "after a warm-up, the two models alternating (min - max of the per-repeat estimates):",
+        "",
+        f"- `tiny`: {dt['median_ms']:.2f} ms/token ({dt['min_ms']:.2f} - {dt['max_ms']:.2f})",
+        f"- `tiny-draft`: {dd['median_ms']:.2f} ms/token ({dd['min_ms']:.2f} - {dd['max_ms']:.2f})",
+        f"- cost ratio c = {m['c_ratio']:.3f}; with agreement a = {a['agreement']:.2f} and k = 4 drafted tokens, "
+        f"Leviathan et al. predict (1 - a^5) / ((1 - a)(4c + 1)) = {m['expected_speedup_k4']:.2f}x.",
+        "",
+        *[line for line in [payload.get("timing_note")] if line],
+        "Timings depend on the machine and on what else runs on it; re-measure with `llmlab tiny eval`.",
+        "",
+    ]
+
+
+def _sample_lines(m: dict) -> list[str]:
+    lines = ["## Sample continuations (greedy, 40 tokens)", ""]
     for prompt, outs in m["samples"].items():
         for name in ("tiny", "tiny-draft"):
             lines.append(f"- `{name}` ← {json.dumps(prompt)}: {json.dumps(outs[name])}")
-    lines += ["", "## Limits", "",
-              "Trained for about an hour on one CPU thread: it continues Python-documentation-like text and code,",
-              "it does not follow instructions, and greedy text can still repeat itself on prompts other than the",
-              "loop check's. Use it to measure inference, never to judge answers.", ""]
-    (out / "MODEL_CARD.md").write_text("\n".join(lines))
+    return lines
 
 
 def _curriculum_lines(cfg: dict, report: dict) -> list[str]:
