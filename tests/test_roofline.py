@@ -49,7 +49,7 @@ def test_layer_matmuls_match_the_hf_model():
     assert sum(k * n * c for _, k, n, c in mats) == sum(linear.values())
     cost = roverlay.step_cost(lm.config, batch=1, context=10, elem=4)
     assert cost["weight_bytes"] == 4 * sum(linear.values())
-    from llmlab.core.models import kv_bytes_per_token
+    from llmlab.core.flops import kv_bytes_per_token
 
     assert cost["kv_bytes"] == 10 * kv_bytes_per_token(lm.config, 4)
 
@@ -69,7 +69,8 @@ def test_overlay_from_an_arch_config_allocates_nothing():
 
 
 def test_attention_cost_counts_the_kv_cache_once():
-    from llmlab.core.models import kv_bytes_per_token, load_config
+    from llmlab.core.flops import kv_bytes_per_token
+    from llmlab.core.models import load_config
 
     config = load_config("tiny")
     flops, nbytes = roverlay.attention_cost(config, tokens=2, context=100, elem=2, prefill=False)
@@ -163,7 +164,7 @@ def test_time_blocks_uses_one_event_pair_per_block_of_calls(monkeypatch):
     assert per_block >= 10  # a call of ~us needs many calls to fill 10 ms
     assert len(_FakeEvent.log) == 2 * 4 and all(s is stream for s in _FakeEvent.log)  # 4 blocks, one pair each
     assert len(calls) == 1 + 4 * per_block  # the warm-up (timed: the probe) + the blocks
-    assert stats.n == 4 and stats.median_ms == pytest.approx(2.0 / per_block)  # per call, not per block
+    assert stats.n == 4 and stats.median == pytest.approx(2.0 / per_block)  # per call, not per block
 
 
 def test_time_blocks_on_cpu_times_per_call():
@@ -171,7 +172,7 @@ def test_time_blocks_on_cpu_times_per_call():
 
     stats, per_block = core_roofs.time_blocks(lambda: time.sleep(0.002), CPU, blocks=3, min_block_s=0.05)
     assert per_block >= 3 and stats.n == 3
-    assert 1.9 <= stats.median_ms <= 15  # ~2 ms per call, not per block (sleep overshoots on a busy box)
+    assert 1.9 <= stats.median <= 15  # ~2 ms per call, not per block (sleep overshoots on a busy box)
 
 
 def test_warm_up_runs_for_the_time_asked():
@@ -355,7 +356,7 @@ def test_whatif_table_is_napkin_math_from_the_spec_registry():
     assert len(mine) == 6 and (mine["bandwidth_GBps"] == 10.0).all()
     shown = rreport._whatif_rows(w).set_index("gpu")
     assert list(shown.index)[-1] == "Intel Xeon (measured)" and len(shown) == 7
-    assert shown.loc["H100 SXM", "fits"] == "8B 32B / 8B 32B 70B" and shown.loc["L4", "fits"] == "8B / 8B"
+    assert shown.loc["H100 SXM", "fits"] == "8B,32B/8B,32B,70B" and shown.loc["L4", "fits"] == "8B/8B"
     res = _whatif_result()
     view = next(v for v in R.views(res) if v.table == "whatif")
     df = view.rows(res.tables["whatif"])
@@ -491,7 +492,7 @@ def test_timing_path_picks_graphs_for_short_gpu_calls():
 
 def test_sweep_point_on_a_gpu_is_timed_from_a_cuda_graph(monkeypatch):
     """A sub-ms GPU point is captured once and replayed; the per-call time is the replay's / calls."""
-    from llmlab.core.timing import Stats
+    from llmlab.core.stats import Summary
 
     captured, timed = [], []
 
@@ -499,7 +500,7 @@ def test_sweep_point_on_a_gpu_is_timed_from_a_cuda_graph(monkeypatch):
         fn()
         timed.append(fn)
         ms = 0.01 if len(timed) == 1 else 5.0  # the probe: 10 us; a replay of the block: 5 ms
-        return Stats(ms, ms, ms, ms, ms, ms, repeats)
+        return Summary(ms, ms, ms, ms, ms, ms, repeats)
 
     def fake_graph(fn, device, calls):
         captured.append(calls)
@@ -511,7 +512,7 @@ def test_sweep_point_on_a_gpu_is_timed_from_a_cuda_graph(monkeypatch):
     s, path = rmeasure._time(lambda: n.append(1), Device("cuda:0"), repeats=10, min_run_s=0.1)
     assert path == "graph" and captured == [rmeasure.graph_calls(0.01, 0.1, 10)]
     assert timed[1] is not timed[0] and len(n) == 1 + captured[0]  # the second measure times the replay
-    assert s.median_ms == pytest.approx(5.0 / captured[0]) and s.n == 10
+    assert s.median == pytest.approx(5.0 / captured[0]) and s.n == 10
 
 
 def test_graph_replay_captures_the_calls_once(monkeypatch):

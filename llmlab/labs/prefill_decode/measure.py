@@ -13,7 +13,8 @@ from llmlab.core.device import Device, cpu_load, last_level_cache_bytes
 from llmlab.core.models import torch_dtype
 from llmlab.core.results import LabResult
 from llmlab.core.roofs import gpu_speed_model
-from llmlab.core.timing import LATENCY, Stats, measure
+from llmlab.core.stats import Summary
+from llmlab.core.timing import LATENCY, measure
 from llmlab.inference.decode import crop, decode_one_token, new_cache, prefill
 from llmlab.labs.prefill_decode.config import Config
 
@@ -42,7 +43,7 @@ def fill_cache(model, batch: int, context: int, gen: torch.Generator):
     return cache
 
 
-def time_prefill(model, tokens: int, device: Device, cfg: Config, gen: torch.Generator) -> Stats:
+def time_prefill(model, tokens: int, device: Device, cfg: Config, gen: torch.Generator) -> Summary:
     """Prefill forward + choosing the first token (= TTFT without tokenising or queueing), a fresh cache each call."""
 
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=gen).to(device.torch)  # (1, T)
@@ -52,7 +53,7 @@ def time_prefill(model, tokens: int, device: Device, cfg: Config, gen: torch.Gen
     return measure(fn, device, mode=LATENCY, warmup=1, repeats=cfg.repeats, setup=setup, max_time_s=cfg.max_point_s)
 
 
-def time_decode(model, context: int, batch: int, device: Device, cfg: Config, gen: torch.Generator) -> Stats:
+def time_decode(model, context: int, batch: int, device: Device, cfg: Config, gen: torch.Generator) -> Summary:
     """One decode step + choosing the token (= ITL) at exactly `context` cached positions (cropped back each call)."""
 
     cache = fill_cache(model, batch, context, gen)

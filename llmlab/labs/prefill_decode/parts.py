@@ -23,11 +23,11 @@ def measure_phases(cfg, device, lm, shape, elem, lens, gen, progress) -> list[di
         p = time_prefill(lm.model, t, device, cfg, gen)
         d = time_decode(lm.model, t, 1, device, cfg, gen)
         pc, dc = prefill_cost(shape, t, 1, elem), decode_cost(shape, t, 1, elem)
-        rows.append(dict(model=lm.ref, tokens=t, prefill_ms=p.median_ms, prefill_p10_ms=p.p10_ms,
-                         prefill_p90_ms=p.p90_ms,
-                         decode_ms=d.median_ms, decode_p10_ms=d.p10_ms, decode_p90_ms=d.p90_ms,
-                         prefill_tok_s=t / p.median_s, decode_tok_s=1 / d.median_s,
-                         prefill_ms_per_token=p.median_ms / t, ratio=(t / p.median_s) * d.median_s,
+        rows.append(dict(model=lm.ref, tokens=t, prefill_ms=p.median, prefill_p10_ms=p.p10,
+                         prefill_p90_ms=p.p90,
+                         decode_ms=d.median, decode_p10_ms=d.p10, decode_p90_ms=d.p90,
+                         prefill_tok_s=t / (p.median / 1e3), decode_tok_s=1 / (d.median / 1e3),
+                         prefill_ms_per_token=p.median / t, ratio=(t / (p.median / 1e3)) * (d.median / 1e3),
                          prefill_flops=pc.flops, prefill_bytes=pc.bytes, decode_flops=dc.flops, decode_bytes=dc.bytes))
     return rows
 
@@ -70,7 +70,7 @@ def decode_floor_row(cfg, device, lm, shape, elem, dtype, context, phases: list[
     s = time_decode(twin, context, 1, device, cfg, gen)
     c = decode_cost(shape, context, 1, elem)
     measured = next(r["decode_ms"] for r in phases if r["tokens"] == context)
-    return dict(model=lm.ref, tokens=context, measured_ms=measured, overhead_ms=s.median_ms,
+    return dict(model=lm.ref, tokens=context, measured_ms=measured, overhead_ms=s.median,
                 memory_ms=c.bytes / bw / 1e6,
                 compute_ms=c.flops / peak / 1e6, weights_MiB=c.weight_bytes / 2**20, kv_MiB=c.kv_bytes / 2**20,
                 llc_MiB=last_level_cache_bytes(device) / 2**20)
@@ -88,9 +88,10 @@ def measure_crossover(cfg, device, lm, shape, elem, peak, bw, gen, progress) -> 
                 raise
             break  # the sweep stops at the batch that does not fit; the table ends there
         c = decode_cost(shape, cfg.batch_context, b, elem)
-        rows.append(dict(batch=b, context=cfg.batch_context, ms=s.median_ms, p10_ms=s.p10_ms, p90_ms=s.p90_ms,
-                         tok_s=b / s.median_s, flops=c.flops, bytes=c.bytes, intensity=c.intensity,
-                         achieved_gflops=c.flops / s.median_s / 1e9, share_of_peak=c.flops / s.median_s / 1e9 / peak,
+        rows.append(dict(batch=b, context=cfg.batch_context, ms=s.median, p10_ms=s.p10, p90_ms=s.p90,
+                         tok_s=b / (s.median / 1e3), flops=c.flops, bytes=c.bytes, intensity=c.intensity,
+                         achieved_gflops=c.flops / (s.median / 1e3) / 1e9,
+                         share_of_peak=c.flops / (s.median / 1e3) / 1e9 / peak,
                          roof_ms=max(c.flops / peak, c.bytes / bw) / 1e6,
                          formula_crossover=crossover_batch(shape, peak / bw, cfg.batch_context, elem),
                          napkin_crossover=peak / bw * elem / 2))  # intensity ~ 2B/elem FLOP per weight byte
@@ -156,15 +157,16 @@ def measure_decode_share(cfg, device, lm, replies: list[int], gen, progress) -> 
     """Decode's share of a whole generation at long replies: a `share_prompt`-token prompt, then n tokens.
 
     Predicted from the parts timed in turn with the whole (`time_reply`): share = (n - 1) ITL / (TTFT + (n - 1)
-    ITL), with TTFT the median prefill and ITL the mean step of the reply (a step's attention grows with its
-    context, so the mean, not the median, adds up to the reply). The timed whole's own share is 1 - TTFT / E2E.
+    ITL), with TTFT the median prefill and ITL the median step of the reply (a step's attention grows linearly
+    with its context, so the median step is the mean one, and a step the OS descheduled does not move it). The
+    timed whole's own share is 1 - TTFT / E2E.
     """
     t = cfg.share_prompt
     ids = torch.randint(0, lm.model.config.vocab_size, (1, t), generator=gen).to(device.torch)  # (1, T)
     rows = []
     for n in track(progress, replies, "decode share"):
         ttft, itl, whole = time_reply(device, lm.model, ids, n, cfg.share_repeats)
-        rows.append(decode_share_row(lm.ref, t, n, statistics.median(ttft), statistics.fmean(itl),
+        rows.append(decode_share_row(lm.ref, t, n, statistics.median(ttft), statistics.median(itl),
                                      statistics.median(whole), cfg.share_repeats))
     return pd.DataFrame(rows)
 

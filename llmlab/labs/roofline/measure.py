@@ -14,8 +14,9 @@ from llmlab.core.render import track
 from llmlab.core.roofs import bandwidth_buffers, bandwidth_kernels, check_matmul, gemm_operands, matmul_fn, tf32
 from llmlab.core.roofs import measure_bandwidth as roof_bandwidth
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
+from llmlab.core.stats import Summary
 from llmlab.core.telemetry import Telemetry
-from llmlab.core.timing import LATENCY, L2Flusher, Stats, autorange, graph_replay, measure
+from llmlab.core.timing import LATENCY, L2Flusher, autorange, graph_replay, measure
 from llmlab.labs.roofline.config import DTYPES, Config
 
 
@@ -47,16 +48,16 @@ def graph_calls(probe_ms: float, min_run_s: float, repeats: int) -> int:
     return int(min(10_000, max(8, math.ceil(min_run_s * 1e3 / repeats / max(probe_ms, 1e-4)))))
 
 
-def _time(fn, device: Device, repeats: int, min_run_s: float) -> tuple[Stats, str]:
-    """(per-call Stats, the timing path): see timing_path."""
+def _time(fn, device: Device, repeats: int, min_run_s: float) -> tuple[Summary, str]:
+    """(per-call Summary, the timing path): see timing_path."""
     probe = measure(fn, device, mode=LATENCY, warmup=1, repeats=3)
-    path = timing_path(device, probe.median_ms)
+    path = timing_path(device, probe.median)
     if path == "calls":
         return measure(fn, device, mode=LATENCY, warmup=0, repeats=repeats), path
     if path == "graph":
-        calls = graph_calls(probe.median_ms, min_run_s, repeats)
+        calls = graph_calls(probe.median, min_run_s, repeats)
         replay = graph_replay(fn, device, calls)
-        return measure(replay, device, mode=LATENCY, warmup=1, repeats=repeats).per_call(calls), path
+        return measure(replay, device, mode=LATENCY, warmup=1, repeats=repeats).divided(calls), path
     return autorange(fn, device, min_run_time=min_run_s), path
 
 
@@ -104,10 +105,10 @@ def pick_fastest(cands: dict, device: Device):
     probe: dict = {}
     for key, (fn, threads) in cands.items():
         with torch_threads(threads):
-            warm = measure(fn, device, mode=LATENCY, warmup=0, repeats=1).min_ms
+            warm = measure(fn, device, mode=LATENCY, warmup=0, repeats=1).min
             if probe and warm > 4 * min(probe.values()):
                 continue
-            probe[key] = min(warm, measure(fn, device, mode=LATENCY, warmup=0, repeats=1).min_ms)
+            probe[key] = min(warm, measure(fn, device, mode=LATENCY, warmup=0, repeats=1).min)
     return min(probe, key=probe.get)
 
 
@@ -143,8 +144,8 @@ def measure_sweep(cfg: Config, device: Device, bufs, threads: int, progress=None
         ws = nbytes  # the working set is what the kernel touches
         rows.append(dict(kernel=name, threads=threads, buffer_bytes=n * 4, working_set_bytes=ws,
                          level=cache_level(ws, device),
-                         median_GBps=nbytes / s.median_s / 1e9, best_GBps=nbytes / (s.min_ms / 1e3) / 1e9,
-                         median_us=s.median_ms * 1e3, n=s.n, timing=path))
+                         median_GBps=nbytes / (s.median / 1e3) / 1e9, best_GBps=nbytes / (s.min / 1e3) / 1e9,
+                         median_us=s.median * 1e3, n=s.n, timing=path))
     return pd.DataFrame(rows)
 
 
@@ -180,8 +181,9 @@ def measure_compute(cfg: Config, device: Device, dtypes: tuple[str, ...], progre
                     flops = 2 * m * n * k
                     part.append(dict(dtype=dtype, backend=backend, threads=threads or "blas default", m=m, n=n, k=k,
                                      flops=flops,
-                                     median_gflops=flops / s.median_s / 1e9, best_gflops=flops / (s.min_ms / 1e3) / 1e9,
-                                     median_ms=s.median_ms, n_samples=s.n))
+                                     median_gflops=flops / (s.median / 1e3) / 1e9,
+                                     best_gflops=flops / (s.min / 1e3) / 1e9,
+                                     median_ms=s.median, n_samples=s.n))
                     del a, b, out
         t = tel.summary()
         for r in part:

@@ -10,12 +10,13 @@ import pandas as pd
 import torch
 
 from llmlab.core.device import Device, is_oom, torch_threads
-from llmlab.core.models import kv_bytes_per_token, shape
+from llmlab.core.flops import kv_bytes_per_token, shape
 from llmlab.core.render import track
 from llmlab.core.results import LabResult
 from llmlab.core.roofs import gemm_operands, matmul_fn, tf32, torch_dtype
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
-from llmlab.core.timing import LATENCY, L2Flusher, Stats, measure
+from llmlab.core.stats import Summary
+from llmlab.core.timing import LATENCY, L2Flusher, measure
 from llmlab.inference.decode import decode_one_token, new_cache, prefill
 from llmlab.labs.roofline.config import DTYPES, Config
 from llmlab.labs.roofline.measure import (
@@ -57,9 +58,10 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
             roof = roofs.attainable(dtype, ai)
             rows.append(dict(m=m, k=k, n=n, dtype=dtype, backend=backend, threads=threads or "blas default",
                              flops=flops, bytes=nbytes, intensity=ai,
-                             median_gflops=flops / s.median_s / 1e9, best_gflops=flops / (s.min_ms / 1e3) / 1e9,
-                             roof_gflops=roof, fraction_of_roof=flops / s.median_s / 1e9 / roof,
-                             bound="memory" if ai < roofs.ridge(dtype) else "compute", median_ms=s.median_ms))
+                             median_gflops=flops / (s.median / 1e3) / 1e9,
+                             best_gflops=flops / (s.min / 1e3) / 1e9,
+                             roof_gflops=roof, fraction_of_roof=flops / (s.median / 1e3) / 1e9 / roof,
+                             bound="memory" if ai < roofs.ridge(dtype) else "compute", median_ms=s.median))
     return pd.DataFrame(rows)
 
 
@@ -150,20 +152,20 @@ def measure_decode(cfg: Config, device: Device, lm, dtype: str, roofs: Roofs, re
             raise
         context = cfg.decode_context + 2 + cfg.decode_steps / 2  # mean cache length over the timed steps
         c = step_cost(config, batch, context, elem)
-        gflops = c["flops"] / s.median_s / 1e9
+        gflops = c["flops"] / (s.median / 1e3) / 1e9
         roof_ms = max(c["bytes"] / roofs.bandwidth_GBps / 1e6, c["flops"] / peak / 1e6)
-        rows.append(dict(batch=batch, threads=threads, context=context, median_ms=s.median_ms, p10_ms=s.p10_ms,
-                         p90_ms=s.p90_ms,
+        rows.append(dict(batch=batch, threads=threads, context=context, median_ms=s.median, p10_ms=s.p10,
+                         p90_ms=s.p90,
                          weight_bytes=c["weight_bytes"], kv_bytes=c["kv_bytes"], bytes=c["bytes"], flops=c["flops"],
-                         intensity=c["flops"] / c["bytes"], achieved_GBps=c["bytes"] / s.median_s / 1e9,
-                         pct_of_bandwidth=100 * c["bytes"] / s.median_s / 1e9 / roofs.bandwidth_GBps,
+                         intensity=c["flops"] / c["bytes"], achieved_GBps=c["bytes"] / (s.median / 1e3) / 1e9,
+                         pct_of_bandwidth=100 * c["bytes"] / (s.median / 1e3) / 1e9 / roofs.bandwidth_GBps,
                          achieved_gflops=gflops, pct_of_peak_compute=100 * gflops / peak,
-                         roof_ms=roof_ms, measured_over_roof=s.median_ms / roof_ms, tokens_per_s=batch / s.median_s))
+                         roof_ms=roof_ms, measured_over_roof=s.median / roof_ms, tokens_per_s=batch / (s.median / 1e3)))
     return pd.DataFrame(rows)
 
 
 def time_decode_step(model, batch: int, context: int, steps: int, device: Device, gen: torch.Generator,
-                     threads: int | None = None) -> tuple[Stats, int]:
+                     threads: int | None = None) -> tuple[Summary, int]:
     """Prefill `context` random tokens per sequence, then time `steps` decode steps (the cache grows by one each)
     at `threads` (None: probe for the faster count)."""
     vocab = model.config.vocab_size

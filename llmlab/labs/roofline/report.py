@@ -76,10 +76,11 @@ def views(result: LabResult) -> list[View]:
                      Col("median_GBps", "GB/s median", ".1f"), Col("best_GBps", "GB/s best", ".1f")), rows=_sweep_rows))
     if "whatif" in result.tables:
         out.append(View("7. What if: other GPUs (spec-sheet napkin math, not measured)",
-                        f"Batch-1 ceilings of {WHATIF_MODEL}, 8k context; which models fit with 8k of KV?", "whatif",
-                        (Col("gpu", "GPU", "text", 24), Col("ridge", "ridge FLOP/B", ".0f"),
-                         Col("decode_bf16", "decode tok/s BF16", ",.0f"), Col("decode_fp8", "FP8", ",.0f"),
-                         Col("prefill_bf16", "prefill tok/s BF16", ",.0f"), Col("fits", "fits: BF16 / FP8", "text")),
+                        f"BF16 ridge (FLOP/byte) and batch-1 ceilings of {WHATIF_MODEL} at an 8k context; which "
+                        "models fit with 8k of KV?", "whatif",
+                        (Col("gpu", "GPU", "text", 16), Col("ridge", "ridge", ".0f"),
+                         Col("decode_bf16", "decode BF16 tok/s", ".3g"), Col("decode_fp8", "FP8", ".3g"),
+                         Col("prefill_bf16", "prefill BF16 tok/s", ",.0f"), Col("fits", "fit BF16/FP8", "text")),
                         rows=_whatif_rows))
     return out
 
@@ -93,7 +94,7 @@ def _whatif_rows(df: pd.DataFrame) -> pd.DataFrame:
     def fitting(g: pd.DataFrame, fmt: str) -> str:
         g = g[g["format"] == fmt]
         names = [m.split()[0] for m, f in zip(g["model"], g["fits"], strict=True) if f is True or f == 1.0]
-        return " ".join(names) if names else "none"
+        return ",".join(names) if names else "none"
 
     rows = []
     for (source, gpu), g in df.groupby(["source", "gpu"], sort=False):
@@ -101,7 +102,7 @@ def _whatif_rows(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(dict(gpu=gpu if source.startswith("spec") else f"{gpu} (measured)",
                          ridge=mine.loc["bf16", "ridge"], decode_bf16=mine.loc["bf16", "decode_tok_s"],
                          decode_fp8=mine.loc["fp8", "decode_tok_s"], prefill_bf16=mine.loc["bf16", "prefill_tok_s"],
-                         fits=f"{fitting(g, 'bf16')} / {fitting(g, 'fp8')}"))
+                         fits=f"{fitting(g, 'bf16')}/{fitting(g, 'fp8')}"))
     return pd.DataFrame(rows)
 
 
