@@ -11,6 +11,7 @@ import torch
 
 from llmlab.core import roofs as core_roofs
 from llmlab.core.device import Device, last_level_cache_bytes
+from llmlab.core.flops import Shape
 from llmlab.core.results import LabResult, find
 from llmlab.core.roofs import batch_knee
 from llmlab.labs import roofline as R
@@ -45,7 +46,7 @@ def test_layer_matmuls_match_the_hf_model():
 
     lm = load("tiny", CPU)
     linear = {id(m.weight): m.weight.numel() for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
-    mats = roverlay.layer_matmuls(lm.config)
+    mats = Shape.of(lm.config).matmuls()
     assert sum(k * n * c for _, k, n, c in mats) == sum(linear.values())
     cost = roverlay.step_cost(lm.config, batch=1, context=10, elem=4)
     assert cost["weight_bytes"] == 4 * sum(linear.values())

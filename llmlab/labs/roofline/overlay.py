@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from llmlab.core.device import Device, is_oom, torch_threads
-from llmlab.core.flops import kv_bytes_per_token, shape
+from llmlab.core.flops import Shape, kv_bytes_per_token, shape
 from llmlab.core.render import track
 from llmlab.core.results import LabResult
 from llmlab.core.roofs import gemm_operands, matmul_fn, tf32, torch_dtype
@@ -68,14 +68,6 @@ def measure_intensity(cfg: Config, device: Device, dtype: str, roofs: Roofs, pro
 # ---------------------------------------------------------------- 5. the LLM overlay
 
 
-def layer_matmuls(config) -> list[tuple[str, int, int, int]]:
-    """(name, K, N, count per model) of every weight matmul of a Llama-family decoder."""
-    s = shape(config)
-    h, hd, q, kv, i, L = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"], s["intermediate"], s["layers"]
-    return [("q_proj", h, q * hd, L), ("k_proj", h, kv * hd, L), ("v_proj", h, kv * hd, L), ("o_proj", q * hd, h, L),
-            ("gate_proj", h, i, L), ("up_proj", h, i, L), ("down_proj", i, h, L), ("lm_head", h, s["vocab"], 1)]
-
-
 def attention_cost(config, tokens: int, context: int, elem: int, prefill: bool) -> tuple[int, int]:
     """(FLOPs, bytes) of QK^T and PV over all layers: Q, K, V, O each moved once (flash-attention style)."""
     s = shape(config)
@@ -93,7 +85,7 @@ def overlay_table(config, roofs: Roofs, dtype: str, prefill_tokens: int, batches
     phases = [("prefill", prefill_tokens)] + [("decode", b) for b in batches]
     rows = []
     for phase, m in phases:
-        for name, k, n, count in layer_matmuls(config):
+        for name, k, n, count in Shape.of(config).matmuls():
             mm = 1 if (phase == "prefill" and name == "lm_head") else m  # logits_to_keep=1
             flops, nbytes, ai = gemm_intensity(mm, k, n, elem)
             rows.append(_overlay_row(phase, m, name, mm, k, n, count, flops, nbytes, roofs, dtype))
@@ -113,7 +105,7 @@ def _overlay_row(phase, tokens, op, m, k, n, count, flops, nbytes, roofs: Roofs,
 
 def step_cost(config, batch: int, context: float, elem: int) -> dict:
     """One decode step at batch B: weights read once, KV read per sequence, 2 x matmul params x B FLOPs."""
-    mm_params = sum(k * n * c for _, k, n, c in layer_matmuls(config))
+    mm_params = Shape.of(config).matmul_params
     weight_bytes = elem * mm_params
     kv_bytes = batch * context * kv_bytes_per_token(config, elem)
     attn_flops, _ = attention_cost(config, batch, int(round(context)), elem, prefill=False)
