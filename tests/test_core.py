@@ -366,7 +366,7 @@ def test_speculative_keeps_reexports_of_core_stats():
 
 
 def test_models_shape_reads_head_dim_and_kv_heads():
-    from llmlab.core import models
+    from llmlab.core.flops import shape
 
     entry = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=100, model_type="llama")
-    assert models.shape(entry)["head_dim"] == 32 and models.shape(entry)["kv_heads"] == 2
+    assert shape(entry)["head_dim"] == 32 and shape(entry)["kv_heads"] == 2

@@ -1,4 +1,4 @@
-"""llmlab.core.models: references, the arch: registry, sizes from the config, the built-ins."""
+"""llmlab.core.models: references, the arch: registry, the built-ins; core.flops: sizes from the config."""
 
 from __future__ import annotations
 
@@ -6,26 +6,26 @@ import json
 
 import pytest
 
-from llmlab.core import models
+from llmlab.core import flops, models
 from llmlab.core.errors import UsageError
 from llmlab.inference.decode import stream_text
 
 
 def test_kv_bytes_per_token_known_values():
     # 2 x 32 layers x 32 KV heads x 128 x 2 bytes = 512 KiB (Llama-2-7B, MHA)
-    assert models.kv_bytes_per_token(models.arch_config("llama-2-7b"), 2) == 524288
+    assert flops.kv_bytes_per_token(models.arch_config("llama-2-7b"), 2) == 524288
     # GQA: 8 KV heads instead of 32 -> a quarter
-    assert models.kv_bytes_per_token(models.arch_config("llama-3-8b"), 2) == 131072
-    assert models.kv_bytes_per_token(models.ARCHS["llama-3-8b"], 2) == 131072  # the registry dict works too
+    assert flops.kv_bytes_per_token(models.arch_config("llama-3-8b"), 2) == 131072
+    assert flops.kv_bytes_per_token(models.ARCHS["llama-3-8b"], 2) == 131072  # the registry dict works too
 
 
 def test_kv_bytes_uses_explicit_head_dim():
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
-    assert models.kv_bytes_per_token(cfg, 4) == 2 * 2 * 2 * 32 * 4
+    assert flops.kv_bytes_per_token(cfg, 4) == 2 * 2 * 2 * 32 * 4
     cfg = LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
-    assert models.kv_bytes_per_token(cfg, 2) == 2 * 2 * 2 * 64 * 2
+    assert flops.kv_bytes_per_token(cfg, 2) == 2 * 2 * 2 * 64 * 2
 
 
 @pytest.mark.parametrize("name", sorted(models.ARCHS))
@@ -37,12 +37,12 @@ def test_param_count_matches_a_meta_model(name):
     cfg = models.arch_config(name)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    assert models.param_count(cfg) == sum(p.numel() for p in model.parameters())
-    assert models.estimate_bytes(cfg, "bfloat16") == 2 * models.param_count(cfg)
+    assert flops.param_count(cfg) == sum(p.numel() for p in model.parameters())
+    assert models.estimate_bytes(cfg, "bfloat16") == 2 * flops.param_count(cfg)
 
 
 def test_published_sizes_roughly():
-    billions = {n: models.param_count(models.arch_config(n)) / 1e9 for n in models.ARCHS}
+    billions = {n: flops.param_count(models.arch_config(n)) / 1e9 for n in models.ARCHS}
     assert 6.6 < billions["llama-2-7b"] < 6.8
     assert 7.9 < billions["llama-3-8b"] < 8.1
     assert 70 < billions["llama-3.1-70b"] < 71.5
@@ -144,7 +144,7 @@ def test_load_builtin():
     lm = models.load("tiny")
     assert (lm.kind, lm.timing_only) == ("builtin", False)
     assert 5e6 <= lm.n_params <= 15e6
-    assert lm.n_params == models.param_count(lm.config)
+    assert lm.n_params == flops.param_count(lm.config)
     assert lm.config.num_key_value_heads < lm.config.num_attention_heads  # GQA
     draft = models.load("tiny-draft")
     assert draft.n_params < lm.n_params
@@ -169,7 +169,7 @@ def test_arch_loads_as_timing_only(monkeypatch):
     monkeypatch.setitem(models.ARCHS, "toy", toy)
     lm = models.load("arch:toy", "cpu", "bfloat16")
     assert lm.timing_only and lm.tokenizer is None and lm.kind == "arch"
-    assert lm.n_params == models.param_count(lm.config)
+    assert lm.n_params == flops.param_count(lm.config)
     assert all(p.isfinite().all() for p in lm.model.parameters())
     with pytest.raises(ValueError, match="no tokenizer"):
         next(stream_text(lm.model, lm.tokenizer, "hi"))

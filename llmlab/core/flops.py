@@ -1,4 +1,5 @@
-"""FLOPs and bytes of one forward of a Llama-family decoder, from its config: prefill and decode.
+"""Formulas of a Llama-family decoder from its config: its sizes, parameters and KV bytes per token,
+and the FLOPs and bytes of one forward, prefill and decode.
 
 Two phases, one formula each:
 - `prefill_cost(shape, tokens=T, batch=B)`: one forward over B prompts of T tokens that fills the
@@ -41,6 +42,47 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# ---------------------------------------------------------------- sizes from the config
+
+
+def shape(config) -> dict:
+    """layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied: from an HF config or an ARCHS entry."""
+    if isinstance(config, dict):
+        c = config
+        return dict(layers=c["layers"], hidden=c["hidden"], heads=c["heads"], kv_heads=c["kv_heads"],
+                    head_dim=c.get("head_dim") or c["hidden"] // c["heads"], intermediate=c["intermediate"],
+                    vocab=c["vocab"], tied=c.get("tie_word_embeddings", False), bias=c["model_type"] == "qwen2")
+    heads = config.num_attention_heads
+    return dict(
+        layers=config.num_hidden_layers, hidden=config.hidden_size, heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        intermediate=config.intermediate_size, vocab=config.vocab_size,
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+        bias=getattr(config, "model_type", "") == "qwen2" or bool(getattr(config, "attention_bias", False)),
+    )
+
+
+
+def kv_bytes_per_token(config, bytes_per_elem: float = 2) -> int:
+    """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes (BF16 by default)."""
+    s = shape(config)
+    return int(2 * s["layers"] * s["kv_heads"] * s["head_dim"] * bytes_per_elem)
+
+
+def param_count(config) -> int:
+    """Parameters of a Llama-family decoder (llama, mistral, qwen2), from the config alone."""
+    s = shape(config)
+    h, hd, q, kv = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"]
+    attn = h * q * hd + 2 * h * kv * hd + q * hd * h + ((q + 2 * kv) * hd if s["bias"] else 0)
+    mlp = 3 * h * s["intermediate"]  # gate, up, down (SwiGLU)
+    per_layer = attn + mlp + 2 * h  # + two RMSNorm weights
+    embed = s["vocab"] * h
+    return embed + s["layers"] * per_layer + h + (0 if s["tied"] else embed)
+
+
+# ---------------------------------------------------------------- costs of a forward
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -57,8 +99,6 @@ class Shape:
     @classmethod
     def of(cls, config) -> Shape:
         """From an HF config (or an `llmlab.core.models.ARCHS` entry)."""
-        from llmlab.core.models import shape
-
         s = shape(config)
         return cls(s["layers"], s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["intermediate"], s["vocab"])
 
