@@ -220,3 +220,20 @@ def test_each_expected_text_states_the_test_its_verdict_applies():
     assert claims["samplers.top_p_cost_vs_greedy"].expected.startswith("HF top-p / argmax in "
                                                                        f"{samplers.ARTICLE_RATIO / 2:.1f}-")
     assert claims["samplers.sorting_free_goal"].expected.startswith("HF / ours >= 1.5x")
+
+
+def test_the_kept_distributions_are_charted_from_the_columns_the_lab_writes():
+    """The report draws p by rank for the model and each cut (log y: a line ends at its sampler's cut)."""
+    from pathlib import Path
+
+    from llmlab.core.render import chart_text
+    from llmlab.core.results import LabResult
+
+    saved = sorted(Path(__file__).resolve().parents[1].glob("results/reference/samplers/*.json"))
+    if not saved:
+        pytest.skip("no reference run of samplers")
+    res = LabResult.from_json(saved[-1].read_text())
+    chart = next(v.chart for v in L.views(res) if v.table == "fates_tokens")
+    assert chart is not None and chart.logy and set(chart.y) <= set(res.tables["fates_tokens"].columns)
+    text = chart_text(res, chart, 80, color=False)
+    assert "p_min_p" in text and max(map(len, text.splitlines())) <= 80

@@ -1,8 +1,10 @@
-"""serving lab: throughput grows with clients, KV capacity = formula, prefix cache cuts prefill, static waste adds up, judge."""
+"""serving lab: throughput grows with clients, KV capacity = formula, prefix cache cuts prefill, static waste adds
+up, cost per token follows the step, judge."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -11,6 +13,7 @@ import torch
 from llmlab.core.device import resolve_device, torch_threads
 from llmlab.core.results import LabResult, find
 from llmlab.labs import serving as S
+from llmlab.labs.serving import cost as C
 
 CPU = resolve_device("cpu")
 CFG = S.Config.quick()
@@ -53,7 +56,8 @@ def test_peak_running_equals_the_capacity_formula_at_every_pool(model):
 def test_prefix_cache_cuts_prefill_by_the_shared_blocks(model):
     res = _res()
     with torch_threads(1), torch.inference_mode():
-        S.part_prefix(res, S.Config(prefix_lens=(64,), prefix_requests=3), model, model.config.vocab_size, random.Random(0))
+        S.part_prefix(res, S.Config(prefix_lens=(64,), prefix_requests=3), model, model.config.vocab_size,
+                      random.Random(0))
     g = res.tables["prefix"].set_index("prefix_cache")
     off, on = g.loc[False], g.loc[True]
     assert off.prefill_tokens_computed == 3 * (64 + 16)
@@ -69,7 +73,8 @@ def test_static_batching_waste_equals_what_the_lengths_imply(model):
     assert set(t.requests) == {8}  # rounded down to a multiple of the batch of 4
     st = t[t["mode"] == "static"]
     assert list(st.max_wait_gaps) == [0.0, 1.0] and (st.batches >= 2).all()
-    assert (st.wasted_slots == st.wasted_from_lengths).all() and (st.wasted_slots > 0).all()  # len(batch) x longest - sum
+    # len(batch) x longest - sum
+    assert (st.wasted_slots == st.wasted_from_lengths).all() and (st.wasted_slots > 0).all()
 
 
 def test_the_busy_reading_is_cpu_time_over_wall_time(monkeypatch):
@@ -113,29 +118,37 @@ def test_the_gpu_speed_model_is_cut_to_what_fits():
 
 
 def _fixture(diff=1e-6, greedy=True, x=4.0, util=0.05, busy=0.95, rise=None, s_p99=900.0, peak=(6, 12), p_cut=128,
-             itl=(300.0, 100.0)):
+             itl=(300.0, 100.0), steps_ms=(100.0, 200.0), knee=128, train_tokens=15e12):
     """Tables with the columns run() writes (test_fixture_columns_are_what_run_writes checks them)."""
     res = _res()
     res.add_table("exactness", [dict(max_abs_logit_diff=diff, atol=1e-4, dtype="float32", prompts=4, positions=244,
                                      decode_positions=40, prefix_hit_tokens=112, greedy_tokens_equal=greedy,
                                      greedy_mismatched_sequences=0 if greedy else 1)])
-    res.add_table("concurrency", pd.DataFrame([
+    conc = res.add_table("concurrency", pd.DataFrame([
         dict(concurrency=1, output_tokens_per_s=10.0, compute_util=util, bandwidth_util=0.2, device_busy=busy,
-             busy_source="CPU time / wall time"),
-        dict(concurrency=8, output_tokens_per_s=10.0 * x, compute_util=util * (rise or x), bandwidth_util=0.5, device_busy=busy,
-             busy_source="CPU time / wall time")]))
+             busy_source="CPU time / wall time", decode_step_ms=steps_ms[0], decodes_per_step=1.0),
+        dict(concurrency=8, output_tokens_per_s=10.0 * x, compute_util=util * (rise or x), bandwidth_util=0.5,
+             device_busy=busy, busy_source="CPU time / wall time", decode_step_ms=steps_ms[1], decodes_per_step=8.0)]))
+    # part 6 as run() writes it: the same functions on the same tables (H100 SXM's BF16 dense peak)
+    res.add_table("cost", C.cost_rows(conc, CFG.price_per_hour, knee))
+    res.add_table("train_vs_serve",
+                  C.train_serve_rows(replace(CFG, train_tokens=train_tokens), conc, 989.4, "H100 SXM"))
     res.add_table("static_vs_continuous", pd.DataFrame([
-        dict(mode="static", max_wait_ms=0.0, output_tokens_per_s=20.0, p50_ttft_ms=500.0, p99_ttft_ms=s_p99, wasted_slots=10,
+        dict(mode="static", max_wait_ms=0.0, output_tokens_per_s=20.0, p50_ttft_ms=500.0, p99_ttft_ms=s_p99,
+             wasted_slots=10,
              slot_use=0.5),
-        dict(mode="static", max_wait_ms=80.0, output_tokens_per_s=20.0, p50_ttft_ms=700.0, p99_ttft_ms=50.0, wasted_slots=10,
+        dict(mode="static", max_wait_ms=80.0, output_tokens_per_s=20.0, p50_ttft_ms=700.0, p99_ttft_ms=50.0,
+             wasted_slots=10,
              slot_use=0.5),
         dict(mode="continuous", max_wait_ms=None, output_tokens_per_s=20.0, p50_ttft_ms=100.0, p99_ttft_ms=200.0,
              wasted_slots=0, slot_use=None)]))
     res.add_table("capacity", [dict(kv_blocks=64 * (i + 1), formula_max_seqs=6 * (i + 1), admission_bound=7 * (i + 1),
                                     peak_running=p, median_running=6.0, preemptions=0) for i, p in enumerate(peak)])
     res.add_table("prefix", pd.DataFrame([
-        dict(prefix_tokens=64, prefix_cache=False, p50_ttft_ms=10.0, prefill_tokens_computed=240, expected_hits=0, requests=3),
-        dict(prefix_tokens=64, prefix_cache=True, p50_ttft_ms=5.0, prefill_tokens_computed=240 - p_cut, expected_hits=128,
+        dict(prefix_tokens=64, prefix_cache=False, p50_ttft_ms=10.0, prefill_tokens_computed=240, expected_hits=0,
+             requests=3),
+        dict(prefix_tokens=64, prefix_cache=True, p50_ttft_ms=5.0, prefill_tokens_computed=240 - p_cut,
+             expected_hits=128,
              requests=3)]))
     res.add_table("chunked", pd.DataFrame([dict(itl_max_during_ms=itl[0], long_prompt_ttft_ms=300.0),
                                            dict(itl_max_during_ms=itl[1], long_prompt_ttft_ms=600.0)]))
@@ -154,10 +167,30 @@ def _fixture(diff=1e-6, greedy=True, x=4.0, util=0.05, busy=0.95, rise=None, s_p
     ("serving.kv_limits_concurrency", dict(peak=(7, 12))),
     ("serving.prefix_cache_cuts_prefill", dict(p_cut=0)),
     ("serving.chunked_prefill_caps_itl", dict(itl=(100.0, 300.0))),
+    ("serving.cost_tracks_throughput", dict(steps_ms=(100.0, 400.0))),  # 8 clients: tokens/s half what steps make
+    ("serving.cost_tracks_throughput", dict(steps_ms=(100.0, 80.0))),  # tokens/s more than the steps made
+    ("serving.cost_tracks_throughput", dict(x=0.9, steps_ms=(100.0, 8 / 9 * 1e3))),  # in band, but no cheaper
+    ("serving.training_vs_serving", dict(train_tokens=1e9)),  # a 1B-token run: a GPU-year of serving passes it
 ])
 def test_each_claim_can_hold_and_fail(claim_id, bad):
     assert find(S.judge(_fixture()), claim_id).holds is True
     assert find(S.judge(_fixture(**bad)), claim_id).holds is False
+
+
+def test_cost_past_the_kv_knee_is_not_judged_by_the_band():
+    claim = find(S.judge(_fixture(knee=4, steps_ms=(100.0, 400.0))), "serving.cost_tracks_throughput")
+    assert claim.holds is None and "below the KV knee" in claim.note
+
+
+def test_cost_per_token_is_price_over_throughput_and_the_napkin_says_what_it_measured():
+    res = _fixture()
+    cost, ts = res.tables["cost"], res.tables["train_vs_serve"].set_index("expense")
+    assert cost.usd_per_million_tokens.tolist() == pytest.approx([2.0 / (3600 * 10.0) * 1e6, 2.0 / (3600 * 40.0) * 1e6])
+    train, year, cross = ts.loc["training run (once)"], ts.loc["serving, one GPU-year"], ts.loc["crossover"]
+    assert train.flops == pytest.approx(6 * train.params * 15e12)
+    assert year.serve_tokens_per_s == pytest.approx(0.2 * 989.4e12 / (2 * train.params))  # the best level's use
+    assert cross.tokens == pytest.approx(train.gpu_hours * 3600 * year.serve_tokens_per_s)  # the price cancels
+    assert train.basis.startswith("napkin") and year.basis.startswith("measured")
 
 
 def test_no_busy_reading_is_not_measured():
@@ -179,6 +212,9 @@ def test_expected_texts_state_their_thresholds():
         and "3x" in claims["serving.one_request_idle"]
     assert "0, 80 ms" in claims["serving.continuous_beats_static"]
     assert "exactly" in claims["serving.kv_limits_concurrency"]
+    cost = claims["serving.cost_tracks_throughput"]
+    assert "0.8-1.5x" in cost and "KV knee" in cost
+    assert "8,760" in claims["serving.training_vs_serving"]
 
 
 @pytest.mark.parametrize("kw", [dict(max_concurrency=0), dict(kv_blocks=2), dict(price_per_hour=-1.0)])
@@ -197,9 +233,10 @@ def test_bad_input_exits_2_with_one_line(args, cli):
 
 def test_on_cuda_the_default_tiny_becomes_the_gpu_arch_and_says_so(model, monkeypatch):
     import llmlab.core.device as D
+    from llmlab.labs.serving import model as M  # speed_model looks both up in its own module
 
-    monkeypatch.setattr(S, "_dtype", lambda d: torch.bfloat16)
-    monkeypatch.setattr(S, "arch_model", lambda name, d, dt: (model, f"arch:{name} x1 layers (random weights)"))
+    monkeypatch.setattr(M, "_dtype", lambda d: torch.bfloat16)
+    monkeypatch.setattr(M, "arch_model", lambda name, d, dt: (model, f"arch:{name} x1 layers (random weights)"))
     monkeypatch.setattr(D, "last_level_cache_bytes", lambda d: 50 * 10**6)  # an H200's L2
 
     class Gpu:
