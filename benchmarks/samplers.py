@@ -52,7 +52,7 @@ def bench(device, V: int, B: int, p: float, repeats: int, scale: float) -> dict[
     }
     check(logits, p, gen)
     it = interleaved(fns, repeats, device)  # one untimed pass each (warm-up), then rounds in alternating order
-    return {name: it.stats(name).median_ms for name in fns} | {"_p10_ours": it.stats("ours sorting-free top_p").p10_ms}
+    return {name: it.stats(name).median for name in fns} | {"_p10_ours": it.stats("ours sorting-free top_p").p10}
 
 
 def main() -> None:

@@ -69,7 +69,8 @@ WEIGHTS_FOR_FIT = {"llama-3-8b": "bf16", "llama-3.1-70b": "fp8"}  # 70B in BF16 
 
 def kv_fit_rows(formats, gpu_gb: float) -> list[dict]:
     """Tokens of KV that fit on one GPU after the weights, by formula (long-context bytes per token)."""
-    from llmlab.core.models import arch_config, kv_bytes_per_token, param_count, shape
+    from llmlab.core.flops import kv_bytes_per_token, param_count, shape
+    from llmlab.core.models import arch_config
     from llmlab.inference import quant
 
     rows = []

@@ -70,7 +70,7 @@ def part_latency(res: LabResult, cfg: Config, lm, device: Device, prompt_logits:
         cell = []
         for (name, impl), fn in fns.items():
             st = time_step(fn, x, device, cfg.sample_budget_s)
-            cell.append({"vocab": V, "batch": B, "strategy": name, "impl": impl, **st.as_dict("latency_")})
+            cell.append({"vocab": V, "batch": B, "strategy": name, "impl": impl, **st.as_dict("latency_", "_ms")})
         greedy_ms = cell[0]["latency_median_ms"]
         for r in cell:
             r["vs_greedy"] = r["latency_median_ms"] / greedy_ms
@@ -110,8 +110,8 @@ def part_decode_share(res: LabResult, cfg: Config, lm, device: Device, small) ->
         decode.crop(cache, L)  # keep the context length fixed across repeats
 
     fwd = measure(step, device, mode=LATENCY, warmup=2, repeats=cfg.decode_repeats, max_time_s=0.2 * cfg.decode_repeats)
-    rows = [{"strategy": r.strategy, "impl": r.impl, "sampler_ms": r.latency_median_ms, "forward_ms": fwd.median_ms,
-             "forward_p10_ms": fwd.p10_ms, "forward_p90_ms": fwd.p90_ms, "n_params": lm.n_params,
+    rows = [{"strategy": r.strategy, "impl": r.impl, "sampler_ms": r.latency_median_ms, "forward_ms": fwd.median,
+             "forward_p10_ms": fwd.p10, "forward_p90_ms": fwd.p90, "n_params": lm.n_params,
              "vocab": lm.config.vocab_size,
-             "sampler_share": r.latency_median_ms / (r.latency_median_ms + fwd.median_ms)} for r in small.itertuples()]
+             "sampler_share": r.latency_median_ms / (r.latency_median_ms + fwd.median)} for r in small.itertuples()]
     res.add_table("decode_share", rows)

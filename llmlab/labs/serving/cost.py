@@ -46,7 +46,8 @@ def cost_rows(conc, price: float, knee: int | None) -> list[dict]:
 
 def train_serve_rows(cfg: Config, conc, gpu_peak_tflops: float, gpu_name: str) -> list[dict]:
     """The training run (napkin), a GPU-year of serving at the measured compute use, and where they cross."""
-    from llmlab.core.models import arch_config, param_count
+    from llmlab.core.flops import param_count
+    from llmlab.core.models import arch_config
 
     n = param_count(arch_config(cfg.train_model))
     peak = gpu_peak_tflops * 1e12

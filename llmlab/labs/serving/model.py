@@ -23,7 +23,8 @@ def arch_model(name: str, device: Device, dtype, memory_share: float = 0.5):
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    from llmlab.core.models import _fill_random, arch_config, param_count
+    from llmlab.core.flops import param_count
+    from llmlab.core.models import _fill_random, arch_config
 
     conf = arch_config(name)
     elem = torch.empty(0, dtype=dtype).element_size()

@@ -64,7 +64,8 @@ def part_capacity(res, cfg: Config, model, vocab: int, rng) -> None:
 
 def capacity_formula_rows(context: int = 4096) -> list[dict]:
     """Conversations of `context` tokens that fit beside BF16 weights on one 80 GB GPU (formula)."""
-    from llmlab.core.models import arch_config, kv_bytes_per_token, param_count
+    from llmlab.core.flops import kv_bytes_per_token, param_count
+    from llmlab.core.models import arch_config
 
     rows = []
     for name in ("llama-2-7b", "llama-3-8b"):

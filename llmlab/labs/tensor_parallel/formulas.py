@@ -31,7 +31,8 @@ def predicted_comm_ms(coll: pd.DataFrame, msg_bytes: float, calls: int) -> float
 
 
 def fits_rows(cfg: Config) -> list[dict]:
-    from llmlab.core.models import kv_bytes_per_token, load_config, param_count, shape
+    from llmlab.core.flops import kv_bytes_per_token, param_count, shape
+    from llmlab.core.models import load_config
 
     c = load_config(cfg.fit_model)
     s = shape(c)

@@ -21,7 +21,8 @@ def shape_config(cfg: Config, vocab: int, layers: int):
     """A LlamaConfig of cfg.shape's layer shape at vocabulary `vocab`, `layers` layers, untied head."""
     from transformers import LlamaConfig
 
-    from llmlab.core.models import load_config, shape
+    from llmlab.core.flops import shape
+    from llmlab.core.models import load_config
 
     s = shape(load_config(cfg.shape))
     return LlamaConfig(vocab_size=vocab, hidden_size=s["hidden"], intermediate_size=s["intermediate"],
@@ -31,7 +32,8 @@ def shape_config(cfg: Config, vocab: int, layers: int):
 
 def layer_bytes(cfg: Config, dtype_bytes: int) -> int:
     """Weight bytes of one decoder layer of cfg.shape (attention + SwiGLU MLP; norms left out)."""
-    from llmlab.core.models import load_config, shape
+    from llmlab.core.flops import shape
+    from llmlab.core.models import load_config
 
     s = shape(load_config(cfg.shape))
     h, hd = s["hidden"], s["head_dim"]
@@ -111,7 +113,8 @@ def vocab_row(conf, cfg: Config, device: Device) -> dict:
 
 def vocab_rows(cfg: Config, device: Device, layers: int, progress=None) -> Iterator[dict]:
     """One row per vocabulary size, as it is measured (a Ctrl-C keeps the sizes done)."""
-    from llmlab.core.models import load_config, shape
+    from llmlab.core.flops import shape
+    from llmlab.core.models import load_config
 
     full = shape(load_config(cfg.shape))
     for v in track(progress, cfg.vocab_sizes, "vocabulary: bytes and a timed decode step"):

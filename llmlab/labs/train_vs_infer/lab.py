@@ -206,7 +206,8 @@ def memory_chart_rows(memory: list[dict]) -> list[dict]:
 
 def fits_rows() -> list[dict]:
     """Llama 3 8B on one 80 GB GPU, by formula (ZeRO's 16 bytes per parameter for mixed-precision Adam)."""
-    from llmlab.core.models import arch_config, kv_bytes_per_token, param_count
+    from llmlab.core.flops import kv_bytes_per_token, param_count
+    from llmlab.core.models import arch_config
 
     conf = arch_config("llama-3-8b")
     n, kv = param_count(conf), kv_bytes_per_token(conf, 2)
