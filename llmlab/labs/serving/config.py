@@ -64,7 +64,7 @@ class Config:
     train_mfu: float = opt(0.4, help="Part 6's napkin: model FLOPs utilisation of the training run, in (0, "
                                      "1].")  # a good large run reaches 0.35-0.45
     train_gpu: str = opt("H100", help="Part 6's napkin: the GPU (a spec-registry name) that trains and serves "
-                                      "train_model, at --price-per-hour each.")  # its BF16 dense peak
+                                      "--train-model, at --price-per-hour each.")  # its BF16 dense peak
     endpoint: str | None = opt(None, panel=ENDPOINT_PANEL, help="An OpenAI-compatible server (http://host:port): "
                                "parts 1 and 4 measure it; the rest need the in-process engine.")
     threads: int = opt(1, help="torch CPU threads.")  # the engine's small ragged steps gain little from more
