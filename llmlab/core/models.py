@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmlab.core.device import Device, resolve_device
 from llmlab.core.errors import UsageError
 from llmlab.core.flops import kv_bytes_per_token, param_count, shape
 
@@ -276,8 +277,6 @@ def estimate_bytes(config, dtype) -> int:
 
 
 def _as_device(device):
-    from llmlab.core.device import Device, resolve_device
-
     return device if isinstance(device, Device) else resolve_device(device)
 
 

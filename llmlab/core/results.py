@@ -22,6 +22,8 @@ from typing import Any
 
 import pandas as pd
 
+from llmlab.core.errors import UsageError
+
 SCHEMA_VERSION = 2  # bump when the JSON layout changes (2: claim ids, judge_version, skipped; charts live in views)
 
 
@@ -230,8 +232,6 @@ def atomic_write(path: Path, text: str) -> None:
 def check_writable(out_dir: Path) -> None:
     """Raise UsageError before any measurement if results could not be saved in out_dir (creating it if its
     parent exists)."""
-    from llmlab.core.errors import UsageError
-
     if str(out_dir).strip() == "":
         raise UsageError("--out is empty: name a folder for the results (default results/)")
     out_dir = Path(out_dir)

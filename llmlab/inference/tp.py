@@ -36,6 +36,9 @@ from llmlab.core.errors import MeasurementError
 if TYPE_CHECKING:
     import torch
 
+# torch (and inference.llama, which needs it) is imported inside the functions that use it: the
+# formulas, the lab's planning and the launcher's parent import this module without torch.
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 LAST_PIDS: list[int] = []  # the pids of the ranks the last launch() started (tests check that none survives)
 _STAGES: dict = {}  # in a spawned rank: {"q": the parent's queue, "rank": r}; empty elsewhere (torchrun, tests)

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from llmlab.serving.chat import render_chat
 from llmlab.serving.server.async_engine import AsyncEngine, Fault, Handle
 from llmlab.serving.server.guard import Guard
 from llmlab.serving.server.metrics import Metrics, timings
@@ -58,8 +59,6 @@ def render_messages(tokenizer, messages: list[dict]) -> str:
     """The tokenizer's chat template when it has one; else llmlab's plain one (ttft lab's render_chat)."""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    from llmlab.serving.chat import render_chat
-
     system = "\n".join(m["content"] for m in messages if m["role"] in ("system", "developer"))
     turns = [m for m in messages if m["role"] not in ("system", "developer")]
     history = "".join(f"{m['role']}: {m['content']}\n" for m in turns[:-1])

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from llmlab.core.errors import UsageError
+
+# torch, the engine and uvicorn are imported inside the functions that need them: the port and
+# option checks answer in milliseconds, before seconds of imports.
+
 CPU_KV_BLOCKS = 1024  # 16 K tokens: for tiny 96 MiB in FP32, plenty for 2-core CPU loads
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:
-    from llmlab.core.errors import UsageError
-
     dtype = dtype.lower()
     if dtype not in ("auto", *DTYPES):
         raise UsageError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
@@ -43,7 +46,6 @@ def size_pool(model, dev, kv_blocks: int | None, block_size: int, utilization: f
         return CPU_KV_BLOCKS
     import torch
 
-    from llmlab.core.errors import UsageError
     from llmlab.serving.engine.llm_engine import num_blocks_for_memory
 
     torch.cuda.empty_cache()  # the exactness check's buffers are not the server's
@@ -58,7 +60,6 @@ def build(model: str, dev, dtype: str, kv_blocks: int | None, max_num_seqs: int,
     """(loaded model, engine, exactness report); runs on the torch thread."""
     import torch
 
-    from llmlab.core.errors import UsageError
     from llmlab.core.models import load
     from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact
 
@@ -85,8 +86,6 @@ def check_port(host: str, port: int) -> None:
     """Fail fast, with one line, before loading anything."""
     import socket
 
-    from llmlab.core.errors import UsageError
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as sock:
         try:
@@ -104,7 +103,6 @@ def serve(model: str = "tiny", host: str = "127.0.0.1", port: int = 8000, device
     import uvicorn
 
     from llmlab.core.device import resolve_device
-    from llmlab.core.errors import UsageError
     from llmlab.serving.server.app import create_app
 
     if not 0.0 < gpu_memory_utilization <= 1.0:
