@@ -269,7 +269,7 @@ def compute_rounds(device, threads: list[int], rounds: int, repeats: int, quick:
                 for m, nn, k in shapes:
                     if side == "ours":
                         s = roofs.matmul_stats(device, m, nn, k, "fp32", repeats=repeats, threads=t)
-                        comp["ours (torch)"].setdefault(t, []).append(2 * m * nn * k / s.median_s / 1e9)
+                        comp["ours (torch)"].setdefault(t, []).append(2 * m * nn * k / (s.median / 1e3) / 1e9)
                     else:
                         comp["numpy BLAS"].setdefault(t,
                                                       []).append(numpy_matmul_gflops(m, nn, k, t, repeats, 2 * llc)[1])

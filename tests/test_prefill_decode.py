@@ -61,7 +61,7 @@ def test_formula_flops_match_flop_counter_on_an_arch_shape():
 def test_weight_and_kv_bytes_match_the_model(tiny):
     import torch
 
-    from llmlab.core.models import kv_bytes_per_token
+    from llmlab.core.flops import kv_bytes_per_token
 
     linear = {id(m.weight): m.weight.numel() for m in tiny.model.modules() if isinstance(m, torch.nn.Linear)}
     assert TINY.matmul_params == sum(linear.values())  # the tied LM head counted once

@@ -303,7 +303,8 @@ def test_dram_model_is_sized_from_the_cache_the_run_finds(monkeypatch):
     """A 503 MB L3 needs 4 GB of FP32 weights: more layers than qwen2.5-0.5b publishes (24), not its 1,976 MB;
     where those do not fit in memory, dram_model says so instead of building a smaller model."""
     from llmlab.core import device as D
-    from llmlab.core.models import arch_config, param_count
+    from llmlab.core.flops import param_count
+    from llmlab.core.models import arch_config
     from llmlab.inference import verify_cost as V
 
     want = 8 * 503 * 2**20
@@ -345,7 +346,8 @@ def test_gpu_timing_pair_is_sized_from_the_device():
     """An H200 (140 GB free, 50 MiB L2) times a Llama-3-8B-shaped target (all 32 layers, FP32) and a draft
     scaled as the built-in pair (0.21 of the target's weights); a smaller card gets fewer layers; one that
     cannot hold 8x its L2 beside a draft is refused (the trained pair then runs, with a note)."""
-    from llmlab.core.models import arch_config, param_count
+    from llmlab.core.flops import param_count
+    from llmlab.core.models import arch_config
     from llmlab.inference import verify_cost as V
 
     def size(layers: int) -> int:  # FP32 bytes of llama-3-8b's shapes at this many layers

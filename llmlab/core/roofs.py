@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from llmlab.core.device import Device, last_level_cache_bytes, torch_threads
 from llmlab.core.device import tf32 as device_tf32
-from llmlab.core.timing import LATENCY, THROUGHPUT, L2Flusher, Stats, calls_per_block, measure
+from llmlab.core.stats import Summary
+from llmlab.core.timing import LATENCY, THROUGHPUT, L2Flusher, calls_per_block, measure
 
 KERNELS = ("read", "write", "copy", "triad")
 TRIAD_SCALAR = 3.0
@@ -106,12 +107,12 @@ def bandwidth_kernels(a, b, c) -> dict[str, tuple[Callable[[], object], int]]:
 
 
 def time_blocks(fn: Callable[[], object], device: Device, *, blocks: int = 10, min_block_s: float = 0.02,
-                warmup_calls: int = 1) -> tuple[Stats, int]:
+                warmup_calls: int = 1) -> tuple[Summary, int]:
     """Per-call time (ms) over `blocks` THROUGHPUT blocks of calls (core.timing); each block is one timer pair.
 
     The calls per block are picked from a probe (the last warm-up call) so one block lasts at least
     `min_block_s`: the gap between calls (launch, dispatch) is then part of the throughput, not of a
-    sample's edge. Returns (Stats over blocks of the mean per-call time, calls per block).
+    sample's edge. Returns (Summary over blocks of the mean per-call time, calls per block).
     """
     for _ in range(max(1, warmup_calls) - 1):
         fn()
@@ -146,8 +147,9 @@ def measure_bandwidth(device: Device, kind: str = "triad", *, bufs: Buffers | No
     with torch_threads(threads):
         s, calls = time_blocks(fn, device, blocks=blocks, min_block_s=min_block_s)
         used = torch.get_num_threads()
-    return Bandwidth(kind, used, bufs.nbytes, nbytes, calls, nbytes / s.median_s / 1e9, nbytes / (s.min_ms / 1e3) / 1e9,
-                     nbytes / (s.p90_ms / 1e3) / 1e9, nbytes / (s.p10_ms / 1e3) / 1e9, s.median_ms, s.n)
+    return Bandwidth(kind, used, bufs.nbytes, nbytes, calls, nbytes / (s.median / 1e3) / 1e9,
+                     nbytes / (s.min / 1e3) / 1e9,
+                     nbytes / (s.p90 / 1e3) / 1e9, nbytes / (s.p10 / 1e3) / 1e9, s.median, s.n)
 
 
 def bandwidth_GBps(device: Device, kind: str = "triad", **kw) -> float:
@@ -214,7 +216,8 @@ def _nothing() -> Iterator[None]:
 
 
 def matmul_stats(device: Device, m: int, n: int, k: int, dtype: str = "fp32", *, backend: str = "torch",
-                 repeats: int = 5, threads: int | None = None, flush: L2Flusher | None = None, seed: int = 0) -> Stats:
+                 repeats: int = 5, threads: int | None = None, flush: L2Flusher | None = None,
+                 seed: int = 0) -> Summary:
     """Per-call time of one (M,K) @ (K,N) matmul, the cache flushed before each call (mamf-finder)."""
     import torch
 
@@ -237,7 +240,7 @@ def matmul_peak_gflops(device: Device, dtype: str = "fp32", *, shapes=None, repe
         check_matmul(backend, dtype, device)
         for m, n, k in shapes:
             s = matmul_stats(device, m, n, k, dtype, backend=backend, repeats=repeats, threads=threads, flush=flush)
-            best = max(best, 2 * m * n * k / s.median_s / 1e9)
+            best = max(best, 2 * m * n * k / (s.median / 1e3) / 1e9)
     return best
 
 

@@ -59,7 +59,7 @@ MEMORY_SHARE = 0.5  # a sized model takes at most this share of the device's fre
 def layers_for(conf, nbytes: int, dtype_bytes: int) -> int:
     """The fewest layers (at least 1) of `conf`'s shapes whose weights are at least nbytes. Past the published
     layer count the same layers repeat: the bytes, not the depth, set the regime."""
-    from llmlab.core.models import param_count
+    from llmlab.core.flops import param_count
 
     conf.num_hidden_layers = 0
     base = param_count(conf)  # embeddings, head, final norm
@@ -74,7 +74,8 @@ def build_arch(arch: str, layers: int, device: Device, dtype: torch.dtype = torc
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    from llmlab.core.models import _fill_random, arch_config, param_count
+    from llmlab.core.flops import param_count
+    from llmlab.core.models import _fill_random, arch_config
 
     conf = arch_config(arch)
     kinds = getattr(conf, "layer_types", None)  # per-layer attention kinds: repeat the published pattern
@@ -99,7 +100,8 @@ def dram_model(arch: str, llc_multiple: int, device: Device, seed: int = 0, max_
     layers past the published count as that takes. Returns (model, info); raises TooLarge when they do not fit
     in memory or exceed max_bytes (a run's time budget: streaming them is what each timed forward costs)."""
     from llmlab.core.device import cpu_caches, last_level_cache_bytes
-    from llmlab.core.models import arch_config, param_count
+    from llmlab.core.flops import param_count
+    from llmlab.core.models import arch_config
 
     llc = last_level_cache_bytes(device)
     conf = arch_config(arch)
@@ -122,7 +124,8 @@ def speed_layers(arch: str, free_bytes: int, l2_bytes: int, draft_share: float, 
     The target: as many layers as fit (up to the published count) in MEMORY_SHARE of the free memory beside
     its draft; the draft: the fewest layers whose weights are draft_share of the target's (the built-in
     pair's ratio). Raises TooLarge when the target cannot reach llc_multiple x L2 within that memory."""
-    from llmlab.core.models import arch_config, param_count
+    from llmlab.core.flops import param_count
+    from llmlab.core.models import arch_config
 
     conf = arch_config(arch)
     published, budget = conf.num_hidden_layers, MEMORY_SHARE * free_bytes / (1 + draft_share)

@@ -10,7 +10,8 @@ import torch
 
 from llmlab.core.device import Device, cpu_cores, resolve_device, tf32_knobs
 from llmlab.core.specs import peak_for
-from llmlab.core.timing import LATENCY, Stats, interleaved, measure
+from llmlab.core.stats import Summary
+from llmlab.core.timing import LATENCY, interleaved, measure
 
 
 def thread_counts(cores: int) -> tuple[int, ...]:
@@ -40,7 +41,7 @@ def keep_torch_settings() -> Iterator[None]:
 
 
 def time_fn(fn: Callable[[], object], device: Device, budget_s: float,
-            setup: Callable[[], object] | None = None) -> Stats:
+            setup: Callable[[], object] | None = None) -> Summary:
     """A warm-up call and a probe call, then as many timed calls as fit in budget_s (3..500).
 
     One sample per call, so per-call dispatch and launch overhead is in every sample: at small
@@ -60,7 +61,7 @@ def time_fn(fn: Callable[[], object], device: Device, budget_s: float,
 
 
 def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: float,
-                     setups: list[Callable[[], object]] | None = None) -> list[Stats]:
+                     setups: list[Callable[[], object]] | None = None) -> list[Summary]:
     """Time several fns in alternation with core.timing.interleaved, ~budget_s each (3..500 rounds).
 
     On a shared machine a busy neighbour then slows every variant alike, so their ratio holds.
@@ -68,7 +69,8 @@ def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: 
     """
     setups = setups or [None] * len(fns)
     # warm-up, estimate
-    probes = [time_fn(fn, device, budget_s / 10, setup=setup).median_s for fn, setup in zip(fns, setups, strict=True)]
+    probes = [time_fn(fn, device, budget_s / 10, setup=setup).median / 1e3
+              for fn, setup in zip(fns, setups, strict=True)]
     repeats = int(min(500, max(3, budget_s / max(max(probes), 1e-6))))
     names = {str(i): fn for i, fn in enumerate(fns)}
     done = interleaved(names, repeats, device, setups={str(i): st for i, st in enumerate(setups) if st},
@@ -76,9 +78,9 @@ def time_interleaved(fns: list[Callable[[], object]], device: Device, budget_s: 
     return [done.stats(str(i)) for i in range(len(fns))]
 
 
-def stats_cols(st: Stats) -> dict[str, float | int]:
+def stats_cols(st: Summary) -> dict[str, float | int]:
     """Timing columns of a table row (the number of samples, min, max and mean stay out: tables stay readable)."""
-    return {"median_ms": st.median_ms, "p10_ms": st.p10_ms, "p90_ms": st.p90_ms}
+    return {"median_ms": st.median, "p10_ms": st.p10, "p90_ms": st.p90}
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -33,7 +33,7 @@ def part_waves(res: LabResult, cfg: Config, gpu: Device | None, progress) -> Non
         st = time_fn(lambda a=a, out=out: torch.mm(a, b, out=out), gpu, cfg.budget_s)
         tiles = math.ceil(m / TILE) * (n // TILE)
         rows.append({"M": m, "N": n, "K": k, "sms": sms, "tiles": tiles, "waves": tiles / sms, **stats_cols(st),
-                     "tflops": 2 * m * n * k / st.median_s / 1e12})
+                     "tflops": 2 * m * n * k / (st.median / 1e3) / 1e12})
     res.add_table("wave_quantization", wave_rows(rows, cfg.wave_step))
 
 
@@ -83,7 +83,7 @@ def part_tensor_cores(res: LabResult, cfg: Config, cpu: Device, gpu: Device | No
         stats = time_interleaved(fns, dev, cfg.budget_s, setups)
         set_tf32(matmul=False)
         for name, st, out in zip(names, stats, outs, strict=True):
-            gflops = 2 * n**3 / st.median_s / 1e9
+            gflops = 2 * n**3 / (st.median / 1e3) / 1e9
             peak, source = peak_for(dev, name)
             rates[(dev.spec, name, n)] = gflops
             rows.append({"device": dev.spec, "dtype": name, "n": n, **stats_cols(st), "gflops": gflops,
@@ -126,8 +126,8 @@ def part_launch(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, to
             st_loop, st_bmm = time_interleaved([loop, bmm], dev, cfg.budget_s)
         for way, st in (("loop of mm", st_loop), ("one bmm", st_bmm)):
             rows.append({"device": dev.spec, "threads": threads, "way": way, "count": bsz, "n": n, **stats_cols(st),
-                         "us_per_matmul": 1e3 * st.median_ms / bsz,
-                         "gflops": 2 * bsz * n**3 / st.median_s / 1e9, "ok": ok})
+                         "us_per_matmul": 1e3 * st.median / bsz,
+                         "gflops": 2 * bsz * n**3 / (st.median / 1e3) / 1e9, "ok": ok})
     res.add_table("launch_overhead", rows)
 
 
@@ -167,12 +167,12 @@ def part_alexnet(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None) -
         # the napkin's matmul rate is timed interleaved with the conv: a busy neighbour slows both alike
         conv = lambda xd=xd, wd=wd: F.conv2d(xd, wd, stride=c["stride"])  # noqa: E731
         st, st_mm = time_interleaved([conv, matmul_fn(dev, torch.float32, n, cfg.seed)], dev, cfg.budget_s)
-        mm = 2 * n**3 / st_mm.median_s / 1e9
+        mm = 2 * n**3 / (st_mm.median / 1e3) / 1e9
         peak = peak_for(dev, "fp32")[0]
         rows.append({"device": dev.spec, "threads": None if dev.is_cuda else torch.get_num_threads(), "batch": bsz,
                      "gflop": flops / 1e9, **stats_cols(st),
-                     "gflops": flops / st.median_s / 1e9, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6,
-                     "pct_of_peak": _pct(flops / st.median_s / 1e9, peak), "ok": ok})
+                     "gflops": flops / (st.median / 1e3) / 1e9, "matmul_gflops": mm, "napkin_ms": flops / mm / 1e6,
+                     "pct_of_peak": _pct(flops / (st.median / 1e3) / 1e9, peak), "ok": ok})
         peaks[dev.spec] = peak
     res.add_table("alexnet_conv1", rows)
     res.env["lab"]["gtx580_ms"] = flops / 1.58e12 * 1e3  # AlexNet's GTX 580 (1.58 TFLOP/s FP32) needed at least this
@@ -219,7 +219,7 @@ def part_copies(res: LabResult, cfg: Config, gpu: Device | None, progress) -> No
             host = host.pin_memory() if memory == "pinned" else host
             for direction in ("host->device", "device->host"):
                 st = time_fn(copy_fn(direction, host, dev_buf, non_blocking=memory == "pinned"), gpu, cfg.budget_s)
-                bw = nbytes / st.median_s / 1e9
+                bw = nbytes / (st.median / 1e3) / 1e9
                 rows.append({"memory": memory, "direction": direction, "MiB": mb, **stats_cols(st), "GBps": bw,
                              "link_GBps": link, "pct_of_link": _pct(bw, link)})
         del dev_buf, host

@@ -10,7 +10,8 @@ from llmlab.core.device import Device, is_oom, torch_threads
 from llmlab.core.render import track
 from llmlab.core.results import LabResult
 from llmlab.core.specs import bandwidth_spec_GBps, peak_for
-from llmlab.core.timing import L2Flusher, Stats
+from llmlab.core.stats import Summary
+from llmlab.core.timing import L2Flusher
 from llmlab.labs.gpu_parallelism.config import WORKS, Config, cpu_way
 from llmlab.labs.gpu_parallelism.harness import (
     _pct,
@@ -163,14 +164,14 @@ def part_sizes(res: LabResult, cfg: Config, cpu: Device, gpu: Device | None, swe
         res.note(f"do NOT match the CPU reference: {', '.join(mismatches)}")
 
 
-def size_row(work: str, way: str, size: int, st: Stats, ok: bool, peak_gflops: float | None,
+def size_row(work: str, way: str, size: int, st: Summary, ok: bool, peak_gflops: float | None,
              peak_GBps: float | None) -> dict:
     """One measurement of part 1: timing, throughput in three units, and the share of the FP32 / bandwidth peak.
 
     `ok`: the result matches the CPU reference. Bytes are the minimum moved (each input read once,
     the output written once), so GBps is a lower bound on the real traffic.
     """
-    c, s = work_counts(work, size), st.median_s
+    c, s = work_counts(work, size), (st.median / 1e3)
     gflops, gbps = c["flops"] / s / 1e9, c["bytes"] / s / 1e9
     return {
         "way": way, "size": size, **stats_cols(st), "gelems_per_s": c["elements"] / s / 1e9, "gflops": gflops,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmlab.core.models import kv_bytes_per_token
+from llmlab.core.flops import kv_bytes_per_token
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 

@@ -131,8 +131,8 @@ def trap_tables(t: dict, points: int = 16) -> tuple[list[dict], list[dict], list
         f = m["fit"]
         c2, c1, c0 = f[2]["coef"]
         l1, l0 = f[1]["coef"]
-        fits.append(dict(mode=mode, n_max=int(n[-1]), total_median_s=m["total_stats"].median_ms / 1e3,
-                         total_p10_s=m["total_stats"].p10_ms / 1e3, total_p90_s=m["total_stats"].p90_ms / 1e3,
+        fits.append(dict(mode=mode, n_max=int(n[-1]), total_median_s=m["total_stats"].median / 1e3,
+                         total_p10_s=m["total_stats"].p10 / 1e3, total_p90_s=m["total_stats"].p90 / 1e3,
                          quad_a_s_per_tok2=c2, quad_b_s_per_tok=c1, quad_c_s=c0, quad_r2=f[2]["r2"],
                          quad_ssr=f[2]["ssr"], lin_ssr=f[1]["ssr"],
                          lin_b_s_per_tok=l1, lin_c_s=l0, lin_r2=f[1]["r2"], quad_share_at_n_max=f["quad_share"],

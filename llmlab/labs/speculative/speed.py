@@ -8,7 +8,7 @@ import time
 import torch
 
 from llmlab.core.results import LabResult
-from llmlab.core.timing import summarize
+from llmlab.core.stats import summary
 from llmlab.inference import decode
 from llmlab.inference import speculative as S
 from llmlab.labs.speculative.config import Config
@@ -47,13 +47,13 @@ def part_costs(res: LabResult, pair: Pair, cfg: Config) -> dict:
                 pair.device.synchronize()
                 samples[(model_name, t)].append((time.perf_counter() - t0) * 1e3)
                 decode.crop(caches[model_name], n0)
-    stats = {s: summarize(v) for s, v in samples.items()}
-    t1 = stats[("target", 1)].median_ms
-    rows = [dict(model=m, tokens=t, context=n0, **stats[(m, t)].as_dict(),
-                 relative_to_target_step=stats[(m, t)].median_ms / t1) for m, t in shapes]
+    stats = {s: summary(v) for s, v in samples.items()}
+    t1 = stats[("target", 1)].median
+    rows = [dict(model=m, tokens=t, context=n0, **stats[(m, t)].as_dict(suffix="_ms"),
+                 relative_to_target_step=stats[(m, t)].median / t1) for m, t in shapes]
     res.add_table("costs", rows)
-    c = stats[("draft", 1)].median_ms / t1
-    return dict(c=c, verify={t - 1: stats[("target", t)].median_ms / t1 for m, t in shapes if m == "target"})
+    c = stats[("draft", 1)].median / t1
+    return dict(c=c, verify={t - 1: stats[("target", t)].median / t1 for m, t in shapes if m == "target"})
 
 
 def part_speed(res: LabResult, pair: Pair, cfg: Config, gen, costs: dict, identity: list, progress) -> list:
