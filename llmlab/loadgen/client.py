@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmlab.loadgen.metrics import summary
+from llmlab.loadgen.metrics import named_stats
 
 now_ns = time.perf_counter_ns
 
@@ -241,7 +241,7 @@ class ServingMetrics:
 
 def _ms_stats(name: str, xs_s: list[float]) -> dict:
     """mean/p50/p90/p99 of seconds, in ms, keyed as vLLM's bench serve names them (`p99_ttft_ms`)."""
-    return {f"{k}_{name}_ms": v for k, v in summary(xs_s, scale=1e3).items()}
+    return {f"{k}_{name}_ms": v for k, v in named_stats(xs_s, scale=1e3).items()}
 
 
 def calculate_metrics(records: list[RequestRecord], duration_s: float) -> ServingMetrics:

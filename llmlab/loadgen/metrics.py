@@ -95,9 +95,10 @@ class Trace:
         return row
 
 
-def summary(xs, stats=("mean", "p50", "p90", "p99"), scale: float = 1.0) -> dict[str, float]:
+def named_stats(xs, stats=("mean", "p50", "p90", "p99"), scale: float = 1.0) -> dict[str, float]:
     """Named statistics of the values of `xs` that are not NaN, times `scale`: "mean", "median", "min", "max",
-    "pNN" (numpy's linear interpolation, as vLLM's benchmark uses), "n"; NaN each (n 0) when none is left."""
+    "pNN" (numpy's linear interpolation, as vLLM's benchmark uses), "n"; NaN each (n 0) when none is left.
+    Flat, named columns for a benchmark's tables (its p99 and mean); core.stats.Summary is a timer's summary."""
     xs = np.asarray([x for x in xs if not math.isnan(x)], float) * scale
     if xs.size == 0:
         return {s: 0 if s == "n" else math.nan for s in stats}
@@ -108,7 +109,7 @@ def summary(xs, stats=("mean", "p50", "p90", "p99"), scale: float = 1.0) -> dict
 
 def pct(xs, qs=(50, 90, 99)) -> dict[str, float]:
     """p50/p90/p99 and the mean of the values in ms, and how many there were."""
-    return {k if k == "n" else f"{k}_ms": v for k, v in summary(xs, (*(f"p{q}" for q in qs), "mean", "n")).items()}
+    return {k if k == "n" else f"{k}_ms": v for k, v in named_stats(xs, (*(f"p{q}" for q in qs), "mean", "n")).items()}
 
 
 def vllm_metrics(traces: list[Trace]) -> dict[str, dict[str, float]]:

@@ -26,7 +26,7 @@ from llmlab.core.results import LabResult
 from llmlab.labs.ttft_breakdown import pipeline
 from llmlab.labs.ttft_breakdown.config import Config
 from llmlab.labs.ttft_breakdown.pipeline import QUESTIONS
-from llmlab.loadgen.metrics import summary
+from llmlab.loadgen.metrics import named_stats
 
 COLD_RESIDENT_MAX = 0.05  # a cold read finds at most 5% of the weights' pages still in the page cache
 COPY_MAX_BYTES = 8 << 30  # copy weights fresh (when the originals cannot be dropped) only up to 8 GiB
@@ -160,4 +160,4 @@ def _upload_gbps(device: Device) -> float | None:
 
 def _step_ms(ms: list[float]) -> dict:
     """median, min and max of a step's durations (ms) over the runs, and how many runs."""
-    return {k if k == "n" else f"{k}_ms": v for k, v in summary(ms, ("median", "min", "max", "n")).items()}
+    return {k if k == "n" else f"{k}_ms": v for k, v in named_stats(ms, ("median", "min", "max", "n")).items()}
