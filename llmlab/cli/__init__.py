@@ -5,7 +5,9 @@ a command line to a saved result) are in `cli.app`; the lab commands in `cli.lab
 generate, show, serve and tiny in `cli.commands`. `llmlab.main` adds the tools' commands on top.
 """
 
-from llmlab.cli import commands, handwritten  # noqa: F401  (each registers its commands on app)
+from llmlab.cli import commands, labs  # noqa: F401  (commands registers the tool commands on app)
 from llmlab.cli.app import Common, app, err, main, out, run_lab
+
+labs.register()
 
 __all__ = ["Common", "app", "err", "main", "out", "run_lab"]

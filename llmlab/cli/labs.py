@@ -121,8 +121,9 @@ def _parse(field: dataclasses.Field, hint: Any, value: Any) -> Any:
 
 
 def lab_fields(cfg_cls: type) -> list[dataclasses.Field]:
-    """The fields of a Config that get their own option (every one but those a common option sets)."""
-    return [f for f in dataclasses.fields(cfg_cls) if f.name not in COMMON_FIELDS]
+    """The fields of a Config that get their own option: every one but those a common option sets and those a
+    lab's `check()` fills in with what it found (`metadata={"found": True}`, e.g. an endpoint's card)."""
+    return [f for f in dataclasses.fields(cfg_cls) if f.name not in COMMON_FIELDS and not f.metadata.get("found")]
 
 
 def make_command(lab: str, cfg_cls: type):
@@ -144,17 +145,24 @@ def make_command(lab: str, cfg_cls: type):
 
     command.__signature__ = inspect.Signature(params)
     command.__name__ = lab.replace("-", "_")
-    command.__doc__ = inspect.cleandoc(cfg_cls.__doc__ or lab)
+    command.__doc__ = help_text(cfg_cls.__doc__ or lab)
     return command
+
+
+def help_text(doc: str) -> str:
+    """A docstring as command help: each paragraph on one line (rich prints a line break inside the summary
+    in the command list), paragraphs apart."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def register(names: tuple[str, ...] = LAB_ORDER) -> None:
     """Add one command per lab (and its aliases, hidden) to the app."""
     for lab in names:
         command = make_command(lab, config_class(lab))
-        app.command(lab, rich_help_panel=LABS)(command)
+        app.command(lab, rich_help_panel=LABS, help=command.__doc__)(command)
         for alias in ALIASES.get(lab, ()):
-            app.command(alias, rich_help_panel=LABS, hidden=True)(command)
+            app.command(alias, rich_help_panel=LABS, hidden=True, help=command.__doc__)(command)
 
 
 __all__ = ["COMMON", "LAB_ORDER", "config_class", "help_of", "lab_fields", "make_command", "register"]
