@@ -178,7 +178,8 @@ def test_kv_fit_rows_follow_the_formula():
     ((9, 0), "int8pack_mm (naive CUDA kernel)", "int4pack_mm (tinygemm, BF16)", "_scaled_mm FP8 (tensor cores)"),
 ])
 def test_each_gpu_generation_gets_its_kernels(monkeypatch, cc, int8, int4, fp8):
-    """FP8 GEMM from compute capability 8.9 (FP8 tensor cores), tinygemm INT4 from sm80; group sizes it lacks emulate."""
+    """FP8 GEMM from compute capability 8.9 (FP8 tensor cores), tinygemm INT4 from sm80; group sizes it lacks
+    emulate."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
     gpu = torch.device("cuda:0")
     assert Q.kernel_path("int8", gpu) == int8
@@ -253,7 +254,9 @@ def test_a_kernel_that_fails_its_probe_falls_back_to_the_emulation(monkeypatch, 
     """_weight_int8pack_mm has no CUDA kernel before torch 2.9: the probe finds that out once and the layer emulates."""
     def op(x, q, s):
         if broken == "raises":
-            raise NotImplementedError("Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend")
+            raise NotImplementedError(
+                "Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend"
+            )
         return torch.zeros(x.shape[0], q.shape[0])
 
     monkeypatch.setattr(Q, "_PROBES", {})

@@ -135,7 +135,8 @@ def make_command(lab: str, cfg_cls: type):
     for f in fields:
         name, annotation = _option(f, hints[f.name], getattr(full, f.name), getattr(quick, f.name))
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
-    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in COMMON_PARAMS]
+    kw_only = inspect.Parameter.KEYWORD_ONLY
+    params += [inspect.Parameter(n, kw_only, default=d, annotation=a) for n, a, d in COMMON_PARAMS]
 
     def command(**kw) -> None:
         common = Common(kw.pop("device"), kw.pop("gpu"), kw.pop("quick"), kw.pop("json_"), kw.pop("out"),

@@ -1,13 +1,13 @@
-"""One module per lab: `Config` (with `.quick()`), `run()` (measures), `judge()` (verdicts), `views()` (the report).
+"""One package per lab: `config.Config` (with `.quick()`), `run()` (measures), `judge()` (verdicts), `views()`.
 
-`module(lab)` finds a lab's module by its command name; `judged(result)` re-judges a result
+`module(lab)` finds a lab's package by its command name; `judged(result)` re-judges a result
 (saved or fresh) with its lab's current judge and returns what the report needs.
 
 Optional hooks `cli.run_lab` calls when a lab defines them: `check(cfg)` before the run (raise
-UsageError: one line, exit 2; the ttft lab asks its --endpoint what it is), `headline(result, claims)`,
-`figures(result)` (the HTML report), and `exit_code(result) -> (code, message) | None` after the
-result is saved (the ttft lab's 3 when every request to an endpoint failed).
-Modules whose name starts with "_" are parts of a lab, not labs (`_ttft_endpoint`).
+UsageError: one line, exit 2; it may return the Config with what it found, as the ttft lab does with
+its --endpoint's card), `headline(result, claims)`, `figures(result)` (the HTML report), and
+`exit_code(result) -> (code, message) | None` after the result is saved (the ttft lab's 3 when every
+request to an endpoint failed).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def judged(result, mod: ModuleType | None = None):
     shows its tables in full.
     """
     mod = mod or module(result.lab)
-    claims, headline = _judge_partial(result, mod) if result.interrupted and hasattr(mod, "judge") else _judge(result, mod)
+    partial = result.interrupted and hasattr(mod, "judge")
+    claims, headline = _judge_partial(result, mod) if partial else _judge(result, mod)
     views = mod.views(result) if hasattr(mod, "views") else None
     return claims, views, headline
 
