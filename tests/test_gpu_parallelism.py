@@ -196,7 +196,7 @@ def test_judge_every_claim_can_fail():
 
 
 def test_wave_drops_must_sit_at_the_predicted_boundaries():
-    """Issue 12 item 6: 'any adjacent drop > 5%' passed on noise; now a drop must be at M = 128w (+- one step)."""
+    """A wave drop counts only at M = 128w (+- one step): 'any adjacent drop > 5%' would pass on noise."""
     assert verdicts.wave_claim(_waves({160: 0.2, 288: 0.2})).holds is True  # just past 128 and 256
     assert verdicts.wave_claim(_waves({192: 0.1, 288: 0.1})).holds is True  # one step late still counts
     noise = verdicts.wave_claim(_waves({96: 0.2}))  # a drop > 5%, but mid-wave: the old rule said "holds"

@@ -153,7 +153,7 @@ class _FakeEvent:
 
 
 def test_time_blocks_uses_one_event_pair_per_block_of_calls(monkeypatch):
-    """Issue 12 item 15: a fast kernel is timed in blocks of many calls, one event pair per block."""
+    """A fast kernel is timed in blocks of many calls, one event pair per block."""
     calls = []
     stream = object()
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
