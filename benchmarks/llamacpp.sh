@@ -4,7 +4,7 @@
 # f32 GGUF with that tree's convert_hf_to_gguf.py. Then a greedy check: llama-server's text for one prompt
 # must equal `llmlab generate`'s, token for token, or the comparison is not of the same model.
 #
-#   benchmarks/llamacpp.sh [all|fetch|build|convert|check]     (default all; each step skips what is done)
+#   benchmarks/llamacpp.sh [all|fetch|build|convert|check]   (default all; each step skips what is done)
 #
 # Environment:
 #   LLAMACPP_DIR  where everything goes (default ~/.cache/llmlab/llamacpp; outside the repository)
@@ -12,9 +12,11 @@
 #   PY            the Python that runs the converter and llmlab (default .venv/bin/python: it has torch,
 #                 numpy, transformers; the gguf package comes from the vendored gguf-py through PYTHONPATH)
 #   NICE          a prefix for the compile, e.g. "nice -n 19 taskset -c 0" (default "nice -n 19")
-# The build takes 6-12 minutes with -j2 on 2 cores; with -j1 about twice that.
-# Serve it:  $LLAMACPP_DIR/build/bin/llama-server -m $LLAMACPP_DIR/tiny-f32.gguf --port 8090 -t 1 -np 32 -c 8192
-# (-np: parallel slots, one per concurrent client; -c is the total context, split over the slots.)
+#
+#   benchmarks/llamacpp.sh serve   runs the peer in the foreground on 127.0.0.1:$PORT (default 8090) with
+#                                  $THREADS threads (default 1; -t and -tb), pinned to $CPUS (taskset -c; default
+#                                  unpinned), 32 parallel slots (one per client of bench-serve's C = 32) sharing a
+#                                  context of 8,192 tokens (256 per slot: a request is 40 + 64)
 set -euo pipefail
 
 VERSION=0.3.36
@@ -85,11 +87,19 @@ check() {
   fi
 }
 
+serve() {
+  local pin=()
+  [ -n "${CPUS:-}" ] && pin=(taskset -c "$CPUS")
+  exec "${pin[@]}" "$SERVER" -m "$GGUF" --host 127.0.0.1 --port "${PORT:-8090}" -t "${THREADS:-1}" \
+    -tb "${THREADS:-1}" -np 32 -c 8192
+}
+
 case ${1:-all} in
   fetch) fetch ;;
   build) fetch; build ;;
   convert) fetch; convert ;;
   check) check ;;
   all) fetch; build; convert; check ;;
-  *) echo "usage: $0 [all|fetch|build|convert|check]" >&2; exit 2 ;;
+  serve) serve ;;
+  *) echo "usage: $0 [all|fetch|build|convert|check|serve]" >&2; exit 2 ;;
 esac

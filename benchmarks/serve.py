@@ -35,7 +35,9 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,16 +103,18 @@ def payloads(n: int, prompt_len: int, new_tokens: int, seed: int) -> list[dict]:
              "temperature": 0.0, "ignore_eos": True} for _ in range(n)]
 
 
-def measure(base: str, args, api_key_env: str | None, label: str) -> dict[int, dict]:
-    """Warm-up, then every concurrency: {C: the row of metrics}."""
+def measure(base: str, api_key_env: str | None, *, args, label: str, pass_no: int) -> dict[int, dict]:
+    """Warm-up, then every concurrency: {C: the row of metrics}. The prompts depend on (pass, C) only: the same
+    for both servers, new in every pass (a prompt seen before would hit a prefix cache)."""
     url = base.rstrip("/") + "/v1/completions"
     top = max(args.concurrency)
     load = lambda ps, c, w: asyncio.run(run_load(url, ps, concurrency=c, warmup=w, timeout_s=args.timeout,  # noqa: E731
                                                  api_key_env=api_key_env))
-    load(payloads(top, args.prompt_len, args.new_tokens, seed=10_000), top, 2)
+    load(payloads(top, args.prompt_len, args.new_tokens, seed=10_000 + pass_no), top, 2)
     rows = {}
     for c in args.concurrency:
-        run = load(payloads(c * args.rounds, args.prompt_len, args.new_tokens, seed=c), c, 0)
+        n = max(c * args.rounds, args.min_requests)
+        run = load(payloads(n, args.prompt_len, args.new_tokens, seed=1_000 * pass_no + c), c, 0)
         timed = [r for r in run.records if not r.warmup]
         bad = [r for r in timed if r.ok and (r.output_tokens != args.new_tokens or r.prompt_tokens != args.prompt_len)]
         for r in bad:  # counted as failed: the comparison is of 40 + 64 token requests only
@@ -130,34 +134,53 @@ def _chunks_per_token(records) -> float:
     return sum(len(r.chunk_ns) for r in good) / max(sum(r.output_tokens for r in good), 1)
 
 
-def table(results: dict[str, dict[int, dict]]) -> list[str]:
+def median_rows(passes: list[dict[int, dict]]) -> dict[int, dict]:
+    """One row per C: each number the median over the passes, tokens/s also its range, failures summed."""
+    rows = {}
+    for c in passes[0]:
+        ms = [p[c] for p in passes]
+        row = {k: statistics.median(m[k] for m in ms) for k, v in ms[0].items() if isinstance(v, (int, float))}
+        tps = [m["output_throughput"] for m in ms]
+        rows[c] = row | {"failed": sum(m["failed"] for m in ms), "completed": sum(m["completed"] for m in ms),
+                         "tps_range": (min(tps), max(tps))}
+    return rows
+
+
+def table(results: dict[str, list[dict[int, dict]]]) -> list[str]:
+    n = len(next(iter(results.values())))
     head = f"{'server':14s} {'C':>3s} {'requests':>8s} {'tokens/s':>9s} {'TTFT p50':>9s} {'TTFT p99':>9s} " \
-           f"{'ITL p50':>8s} {'failed':>6s}"
-    lines = [head + "   (times in ms)", "-" * len(head)]
-    for name, rows in results.items():
-        for c, m in rows.items():
+           f"{'ITL p50':>8s} {'failed':>6s}" + ("  tokens/s min-max" if n > 1 else "")
+    lines = [head, "-" * len(head)]
+    for name, passes in results.items():
+        for c, m in median_rows(passes).items():
+            lo, hi = m["tps_range"]
             lines.append(f"{name:14s} {c:3d} {m['completed']:8d} {m['output_throughput']:9,.0f} "
-                         f"{m['p50_ttft_ms']:9.1f} {m['p99_ttft_ms']:9.1f} {m['p50_itl_ms']:8.2f} {m['failed']:6d}")
-    return lines
+                         f"{m['p50_ttft_ms']:9.1f} {m['p99_ttft_ms']:9.1f} {m['p50_itl_ms']:8.2f} {m['failed']:6d}"
+                         + (f"  {lo:,.0f}-{hi:,.0f}" if n > 1 else ""))
+    note = f"times in ms; each number the median of {n} passes (requests: all passes)" if n > 1 else "times in ms"
+    return [*lines, note]
 
 
-def ratios(ours: dict[int, dict], peer: dict[int, dict]) -> list[str]:
-    """One line per goal: llmlab / peer, the bar, met or missed (or why it was not measured)."""
+def ratios(ours: list[dict[int, dict]], peer: list[dict[int, dict]]) -> list[str]:
+    """One line per goal: the median over passes of llmlab / peer, the bar, met or missed (or why not judged)."""
     lines = []
     for what, c, key, op, bar in GOALS:
         name = f"C={c:<2d} {what}"
-        if c not in ours or c not in peer:
+        if c not in ours[0] or c not in peer[0]:
             lines.append(f"  {name:30s} not measured (concurrency {c} not in --concurrency)")
             continue
-        a, b = ours[c][key], peer[c][key]
-        if ours[c]["failed"] or peer[c]["failed"] or not (a > 0 and b > 0):
-            lines.append(f"  {name:30s} not judged: a side had failed requests or no value "
-                         f"(llmlab {a:.1f}, peer {b:.1f})")
+        pairs = [(a[c][key], b[c][key]) for a, b in zip(ours, peer, strict=True)]
+        if any(a[c]["failed"] or b[c]["failed"] for a, b in zip(ours, peer, strict=True)) or \
+                not all(x > 0 and y > 0 for x, y in pairs):
+            lines.append(f"  {name:30s} not judged: a side had failed requests or no value")
             continue
-        r = a / b
+        rs = [x / y for x, y in pairs]
+        r = statistics.median(rs)
         met = r >= bar if op == ">=" else r <= bar
         unit = "tokens/s" if key == "output_throughput" else "ms"
-        lines.append(f"  {name:30s} {r:5.2f}x (llmlab {a:,.1f}, peer {b:,.1f} {unit}); goal {op} {bar}x: "
+        a, b = statistics.median(x for x, _ in pairs), statistics.median(y for _, y in pairs)
+        each = f"; passes {', '.join(f'{x:.2f}' for x in rs)}" if len(rs) > 1 else ""
+        lines.append(f"  {name:30s} {r:5.2f}x (llmlab {a:,.1f}, peer {b:,.1f} {unit}{each}); goal {op} {bar}x: "
                      f"{'met' if met else 'MISSED'}")
     return lines
 
@@ -184,41 +207,51 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--peer-note", default="", help="the peer's thread and core settings, in words, for the output")
     ap.add_argument("--concurrency", type=_csv_ints, default=[1, 8, 32], help="closed-loop clients, comma-separated")
     ap.add_argument("--rounds", type=int, default=4, help="requests each client sends per concurrency level")
+    ap.add_argument("--min-requests", type=int, default=16, help="timed requests per level at least (C = 1: 16)")
     ap.add_argument("--prompt-len", type=int, default=40)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1, help="passes over both servers, order flipped each pass")
     ap.add_argument("--threads", type=int, default=1, help="llmlab serve's OMP_NUM_THREADS (torch threads)")
     ap.add_argument("--cpus", default=None, help="pin llmlab serve to these CPUs (taskset -c LIST), e.g. 0")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     ap.add_argument("--start-timeout", type=float, default=180.0, help="seconds for llmlab serve to answer /health")
     args = ap.parse_args()
-    if not args.concurrency or min(args.concurrency) < 1 or args.rounds < 1:
-        ap.error("--concurrency needs values >= 1 and --rounds >= 1")
+    if not args.concurrency or min(args.concurrency) < 1 or min(args.rounds, args.repeats) < 1:
+        ap.error("--concurrency needs values >= 1, --rounds and --repeats >= 1")
     return args
 
 
 def main() -> None:
     args = parse()
     print(f"bench-serve on {machine()}")
+    print("command: python -m benchmarks.serve " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     print(f"closed loop at C = {', '.join(map(str, args.concurrency))}: each client sends its next request when its "
-          f"last reply ended, {args.rounds} requests per client;\n{args.prompt_len}-token prompts (random ids, one per "
-          f"request, the same for both servers), {args.new_tokens} output tokens, ignore_eos, greedy; warm-up first")
+          f"last reply ended, {args.rounds} requests per client (at least {args.min_requests} a level);")
+    print(f"{args.prompt_len}-token prompts (random ids, one per request, the same for both servers), "
+          f"{args.new_tokens} output tokens, ignore_eos, greedy; warm-up first; the client runs on "
+          + (f"CPUs {sorted(os.sched_getaffinity(0))}" if hasattr(os, "sched_getaffinity") else "any CPU"))
     ours_threads = f"OMP_NUM_THREADS={args.threads}, " + (f"taskset -c {args.cpus}" if args.cpus else "not pinned")
     print(f"llmlab serve: tiny, cpu, float32, defaults otherwise; {ours_threads}", flush=True)
-    results: dict[str, dict[int, dict]] = {}
-    with llmlab_server(args.threads, args.cpus, args.start_timeout) as base:
-        results["llmlab serve"] = measure(base, args, None, "llmlab serve")
     if args.peer:
         props = get_json(args.peer.rstrip("/") + "/props") or {}
         seen = ", ".join(f"{k} {props[k]}" for k in ("total_slots", "build_info") if k in props)
         print(f"peer {args.peer}: {args.peer_note or 'thread settings not given (--peer-note)'}"
               + (f"; its /props: {seen}" if seen else ""), flush=True)
-        results["peer"] = measure(args.peer, args, "OPENAI_API_KEY", "peer")
+    results: dict[str, list[dict[int, dict]]] = {"llmlab serve": []} | ({"peer": []} if args.peer else {})
+    with llmlab_server(args.threads, args.cpus, args.start_timeout) as base:
+        urls = {"llmlab serve": (base, None), "peer": (args.peer, "OPENAI_API_KEY")}
+        for r in range(args.repeats):  # one server after the other, the order flipped each pass
+            for name in (list(results) if r % 2 == 0 else list(reversed(results))):
+                results[name].append(measure(*urls[name], args=args, label=f"pass {r + 1}: {name}", pass_no=r))
     print()
     print("\n".join(table(results)))
-    for name, rows in results.items():
-        odd = {c: m["chunks_per_token"] for c, m in rows.items() if abs(m["chunks_per_token"] - 1) > 0.01}
+    for name, passes in results.items():
+        odd = {c: m["chunks_per_token"] for c, m in median_rows(passes).items()
+               if abs(m["chunks_per_token"] - 1) > 0.01}
         if odd:
-            print(f"note: {name} streamed {odd} chunks per token: its ITL is per chunk, not per token")
+            print(f"note: {name} streamed {odd} chunks with choices per output token (by C): a chunk without a "
+                  "token (a final finish_reason chunk) adds a near-0 gap to the pooled ITL, as in vLLM's client")
+    print("load average at the end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
     if args.peer:
         print("\nllmlab / peer, against the goals:")
         print("\n".join(ratios(results["llmlab serve"], results["peer"])))
