@@ -8,10 +8,12 @@ Each server gets a warm-up first (two single requests, then one round at the lar
 Printed per C: output tokens/s, TTFT p50 / p99 and ITL p50 (ms).
 
 This script starts `llmlab serve` (the built-in `tiny`, on the CPU, on a free port of 127.0.0.1; it
-waits for /health), measures it at every C, stops it; then, with --peer URL, measures the peer
-with the same client and the same payloads: one server after the other, never both under load. The
-peer is not started here (llama.cpp's recipe: benchmarks/llamacpp.sh). With a peer it prints
-llmlab / peer ratios against the serving goals, each marked met or missed:
+waits for /health) and measures it at every C; with --peer URL it measures the peer too, with the
+same client and the same payloads: one server after the other, never both under load (the idle one
+waits). --repeats N makes N passes, the order flipped each pass, each pass with new prompts; the
+table shows medians. The peer is not started here (llama.cpp's recipe: benchmarks/llamacpp.sh).
+With a peer it prints llmlab / peer (the median of the passes' ratios) against the serving goals,
+each marked met or missed:
 - concurrency 1: output tokens/s >= 0.5x the peer's;
 - concurrency 32: output tokens/s >= 1.0x the peer's;
 - concurrency 32: TTFT p50 no worse than the peer's (ratio <= 1.0).
@@ -21,9 +23,9 @@ server process (torch's intra-op threads), --cpus pins it with taskset. The peer
 was started with: --peer-note says it in words (e.g. "llama-server -t 1 -np 32, taskset -c 0"), and
 its /props (llama.cpp) adds its slot count. For a fair run both sides get the same cores.
 
-Every completed request must have had its 40 prompt tokens and 64 output tokens (`usage`): a server
-that stops early or counts differently is reported, not averaged in. `make bench-serve` runs this
-(PEER=URL -> --peer, PEER_NOTE -> --peer-note, SERVE_ARGS for the rest).
+Every completed request must have had its --prompt-len prompt and --new-tokens output tokens (`usage`):
+a request that stops early or is counted differently is reported as failed, not averaged in.
+`make bench-serve` runs this (PEER=URL -> --peer, PEER_NOTE -> --peer-note, SERVE_ARGS for the rest).
 """
 
 from __future__ import annotations
