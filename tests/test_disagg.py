@@ -111,3 +111,73 @@ def test_no_rank_is_left_behind(raw):
     for pid in tp.LAST_PIDS:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# ---------------------------------------------------------------- the lab's part: claims from saved tables
+
+
+def _saved(itl=(30.0, 12.0), ratio=1.1, formula_delta=0, wait=5.0, devices="cpu + cpu") -> dict:
+    """Tables shaped as the lab saves them; the colocated and disaggregated worst ITL are `itl`."""
+    import pandas as pd
+
+    from llmlab.serving.disagg import MODES
+
+    link = dict(probe_bytes=1 << 25, iters=5, latency_us=50.0, big_ms=10.0, rate_GBps=3.3, backend="gloo",
+                devices=devices, note="")
+    hand = [dict(request=j, prompt_tokens=64, blocks=4, shipped_tokens=64, kv_bytes=196608,
+                 formula_bytes=196608 + formula_delta, prompt_formula_bytes=196608, transfer_ms=0.1 * ratio,
+                 predicted_ms=0.1, transfer_over_predicted=ratio, hit_tokens=64, recomputed_tokens=1,
+                 tokens_equal=True) for j in range(2)]
+    modes = [dict(mode=MODES[0], running=2, long_requests=2, window_ms=300.0, gaps=20, itl_p50_before_ms=10.0,
+                  itl_p50_ms=14.0, itl_max_ms=itl[0], ttft_p50_ms=80.0, ttft_max_ms=90.0, answered=True,
+                  running_through=True, chunk_budget=32, tokens_equal=None),
+             dict(mode=MODES[1], running=2, long_requests=2, window_ms=300.0, gaps=25, itl_p50_before_ms=10.0,
+                  itl_p50_ms=10.5, itl_max_ms=itl[1], ttft_p50_ms=70.0, ttft_max_ms=75.0, answered=True,
+                  running_through=True, chunk_budget=None, tokens_equal=True)]
+    reqs = [dict(mode=MODES[1], request=j, arrival_ms=10.0, ttft_ms=70.0, second_token_ms=80.0, reply_tokens=4,
+                 prefill_ms=50.0, prefill_ttft_ms=60.0, wait_ms=wait, transfer_ms=0.11) for j in range(2)]
+    return dict(handoff_link=pd.DataFrame([link]), handoff=pd.DataFrame(hand), handoff_modes=pd.DataFrame(modes),
+                handoff_requests=pd.DataFrame(reqs))
+
+
+def _verdicts(**kw) -> dict:
+    from llmlab.labs.prefill_decode.disagg import handoff_claims
+
+    return {c.id.split(".")[1]: c.holds for c in handoff_claims(_saved(**kw))}
+
+
+def test_the_handoff_claims_hold_on_a_run_that_meets_them():
+    assert _verdicts() == dict(handoff_bytes_at_link_rate=True, disagg_lowers_running_itl=True,
+                               disagg_ttft_cost=True)
+
+
+@pytest.mark.parametrize("kw, failed", [
+    (dict(formula_delta=16), "handoff_bytes_at_link_rate"), (dict(ratio=3.0), "handoff_bytes_at_link_rate"),
+    (dict(ratio=0.3), "handoff_bytes_at_link_rate"), (dict(itl=(12.0, 30.0)), "disagg_lowers_running_itl"),
+    (dict(wait=40.0), "disagg_ttft_cost"),
+])
+def test_each_handoff_claim_can_fail(kw, failed):
+    got = _verdicts(**kw)
+    assert got[failed] is False and all(v for k, v in got.items() if k != failed)
+
+
+def test_the_itl_claim_is_not_judged_when_both_ranks_share_one_gpu():
+    assert _verdicts(devices="cuda:0 + cuda:0")["disagg_lowers_running_itl"] is None
+
+
+def test_no_handoff_claims_without_the_part():
+    from llmlab.labs.prefill_decode.disagg import handoff_claims
+
+    assert handoff_claims({}) == []
+
+
+def test_the_labs_workload_takes_its_fields_from_the_config():
+    from types import SimpleNamespace
+
+    from llmlab.core.device import resolve_device
+    from llmlab.labs.prefill_decode.disagg import workload
+
+    cfg = SimpleNamespace(handoff_running=3, handoff_prompt=256, handoff_requests=2, handoff_chunk=64, seed=7)
+    w = workload(cfg, resolve_device("cpu"), "tiny", "float32")
+    assert (w.running, w.long_prompt, w.chunk_budget, w.seed, w.device) == (3, 256, 64, 7, "cpu")
+    assert w.long_at_ms == (100.0, 300.0)
