@@ -18,6 +18,7 @@ on one host.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from llmlab.core.errors import UsageError
-from llmlab.core.models import kv_bytes_per_token, load
+from llmlab.core.flops import kv_bytes_per_token
+from llmlab.core.models import load
 from llmlab.inference.tp import stage
 from llmlab.serving.disagg import Workload
 from llmlab.serving.engine.llm_engine import Engine, EngineConfig
@@ -213,15 +215,26 @@ def prefill_side(model, w: Workload, vocab: int, link: Link) -> list[dict]:
 # ---------------------------------------------------------------- disaggregated: rank 1 decodes
 
 
+def staging_buffer(eng: Engine, w: Workload, link: Link) -> torch.Tensor:
+    """Flat, written once before the run: what a hand-off lands in, so no transfer pays the first touch of its
+    pages (transfer engines register their memory once, too)."""
+    layers, _, kv_heads, head_dim = eng.runner.k_cache.shape
+    blocks = w.long_prompt // w.block_size
+    return torch.zeros(2 * layers * blocks * w.block_size * kv_heads * head_dim, dtype=eng.runner.dtype,
+                       device=link.comm)
+
+
 def receive(eng: Engine, w: Workload, header: list[int], long_p: list[list[int]], arrive: list[int],
-            link: Link) -> tuple[dict, Sequence, list[int]]:
-    """Pull one request's K/V into fresh prefix-cached blocks; submit prompt + first token for the rest of its
-    reply. Returns (the hand-off's row, the sequence, the blocks held until it is admitted)."""
+            link: Link, staging: torch.Tensor) -> tuple[dict, Sequence, list[int]]:
+    """Pull one request's K/V (through `staging`) into fresh prefix-cached blocks; submit prompt + first token
+    for the rest of its reply. Returns (the hand-off's row, the sequence, the blocks held until it is
+    admitted)."""
     j, tok, nb, first_ns = header
     seen = now_ns()
     r, bs = eng.runner, eng.cfg.block_size
     layers, _, kv_heads, head_dim = r.k_cache.shape
-    buf = torch.empty((2, layers, nb, bs, kv_heads, head_dim), dtype=r.dtype, device=link.comm)
+    shape = (2, layers, nb, bs, kv_heads, head_dim)
+    buf = staging[: math.prod(shape)].view(shape)
     secs = pull(buf, link)
     received = now_ns()
     held = eng.blocks.import_prefix(long_p[j][: nb * bs])
@@ -242,13 +255,14 @@ def decode_side(model, w: Workload, vocab: int, link: Link) -> dict:
     eng = warm_engine(model, w, w.chunk_budget, vocab)
     t0 = agree_start(link)
     arrive = [t0 + int(ms * 1e6) for ms in w.long_at_ms]
+    staging = staging_buffer(eng, w, link)
     running = start_running(eng, w, running_p, t0)
     handoffs, longs, holds = [], {}, []
     while len(handoffs) < len(arrive) or any(s.finish_reason is None for s in longs.values()):
         key = f"handoff/{len(handoffs)}"
         if len(handoffs) < len(arrive) and (not eng.has_work() or link.store.check([key])):
             header = [int(x) for x in link.store.get(key).decode().split(",")]  # get() waits for the key
-            row, seq, held = receive(eng, w, header, long_p, arrive, link)
+            row, seq, held = receive(eng, w, header, long_p, arrive, link, staging)
             handoffs.append(row)
             longs[row["request"]] = seq
             holds.append((seq, held))
