@@ -22,15 +22,6 @@ def _overlay_rows(df: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def _sweep_rows(df: pd.DataFrame) -> pd.DataFrame:
-    tri = df[df["kernel"] == "triad"].copy()
-    tri["working_set_MiB"] = tri["working_set_bytes"] / 2**20
-    if len(tri) > 12:  # keep both ends and an even spread
-        idx = np.unique(np.linspace(0, len(tri) - 1, 12).round().astype(int))
-        tri = tri.iloc[idx]
-    return tri
-
-
 def _roof_rows(df: pd.DataFrame, dtype: str) -> pd.DataFrame:
     """Both roofs for every dtype; the ridge only for the dtype the sweep and the overlay use."""
     return df[(df["roof"] != "ridge") | (df["dtype"] == dtype)]
@@ -40,19 +31,43 @@ def _best_threads(df: pd.DataFrame) -> pd.DataFrame:
     return df.loc[df.groupby("kernel", sort=False)["median_GBps"].idxmax()]
 
 
+def _best_kernel(result: LabResult) -> str:
+    """The STREAM kernel whose median GB/s is the bandwidth roof."""
+    bw = result.tables.get("bandwidth")
+    if empty_table(bw):
+        return "-"
+    return str(_best_threads(bw).sort_values("median_GBps").iloc[-1]["kernel"])
+
+
+def _level_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Triad at the working set each level streams fastest, one row per level (every size: --tables all)."""
+    tri = df[df["kernel"] == "triad"]
+    return tri.loc[tri.groupby("level", sort=False)["median_GBps"].idxmax()].assign(
+        working_set_MiB=lambda d: d["working_set_bytes"] / 2**20)
+
+
+def _forward_rows(df: pd.DataFrame, decode: pd.DataFrame | None) -> pd.DataFrame:
+    """The whole forward per phase and token count (napkin), beside the measured decode step at the same batch."""
+    g = _overlay_rows(df)
+    if empty_table(decode):
+        return g.assign(median_ms=np.nan)
+    step = decode.set_index("batch")["median_ms"]
+    g["median_ms"] = [float(step[t]) if p == "decode" and t in step.index else np.nan
+                      for p, t in zip(g["phase"], g["tokens"], strict=True)]
+    return g
+
+
 def views(result: LabResult) -> list[View]:
     sweep = result.tables.get("intensity_sweep")
     dtype = "fp32" if empty_table(sweep) else str(sweep["dtype"].iloc[0])
     out = [
-        View("1. Bandwidth roof", "How many GB/s do STREAM kernels get over buffers 8x the cache?", "bandwidth",
-             (Col("kernel", "kernel", "text"), Col("threads", "threads", "int"),
-              Col("median_GBps", "GB/s median", ".1f"), Col("best_GBps", "GB/s best", ".1f"),
-              Col("calls_per_block", "calls per timed block", "int")), rows=_best_threads),
-        View("2. Compute roof and ridge", "What matmul FLOP/s is reachable, and where do the roofs meet?", "roofs",
+        View("1. The roofs and the ridge",
+             f"Best STREAM kernel's GB/s ({_best_kernel(result)}) and matmul FLOP/s: where do the roofs meet?",
+             "roofs",
              (Col("roof", "roof", "text"), Col("dtype", "dtype", "text"), Col("measured_median", "measured"),
               Col("unit", "unit", "text"), Col("spec", "spec"), Col("pct_of_spec", "% of spec", ".0f")),
              rows=lambda df: _roof_rows(df, dtype)),
-        View("3. The roofline, traced by one GEMM",
+        View("2. The roofline, traced by one GEMM",
              f"Does (M x {_kn(result)}) @ W climb the bandwidth roof to the compute roof?",
              "intensity_sweep",
              (Col("m", "M", "int"), Col("intensity", "FLOP / byte", ".3g"), Col("median_gflops", "GFLOP/s", ".4g"),
@@ -60,27 +75,23 @@ def views(result: LabResult) -> list[View]:
               Col("bound", "bound", "text")),
              chart=Chart(f"roofline ({dtype}), log-log", "roofline_chart", "intensity", "gflops", kind="scatter",
                          series="series", logx=True, logy=True, xlabel="FLOP/byte", ylabel="GFLOP/s")),
-        View("4. Where an LLM's matmuls sit", "Prefill and decode: FLOP per byte of the whole forward pass", "overlay",
+        View("3. Where an LLM's forward pass sits",
+             "Prefill and decode: FLOP/byte, the roof's time and the measured decode step", "overlay",
              (Col("phase", "phase", "text"), Col("tokens", "tokens (S or B)", "int"),
               Col("intensity", "FLOP / byte", ".3g"), Col("memory_bound_ops", "memory-bound", "text"),
-              Col("roof_ms", "roof time ms", ".3g")), rows=_overlay_rows),
+              Col("roof_ms", "roof ms", ".3g"), Col("median_ms", "measured ms", ".3g")),
+             rows=lambda df: _forward_rows(df, result.tables.get("decode"))),
+        View("4. Caches above DRAM", "Triad GB/s in each level, at its fastest working set (all: --tables all)",
+             "bandwidth_sweep",
+             (Col("working_set_MiB", "working set MiB", ".3g"), Col("level", "fits in", "text"),
+              Col("median_GBps", "GB/s median", ".1f"), Col("best_GBps", "GB/s best", ".1f")), rows=_level_rows),
     ]
-    if "decode" in result.tables:
-        out.append(View("5. The real decode step", "How does the step time grow with batch?", "decode",
-                        (Col("batch", "batch", "int"), Col("median_ms", "ms / step", ".3g"),
-                         Col("roof_ms", "roof ms", ".3g"), Col("achieved_GBps", "GB/s", ".3g"),
-                         Col("pct_of_peak_compute", "% of peak FLOP/s", ".2f"),
-                         Col("tokens_per_s", "tokens / s", ".4g"))))
-    out.append(View("6. Caches above DRAM", "Triad GB/s as the working set grows past each cache", "bandwidth_sweep",
-                    (Col("working_set_MiB", "working set MiB", ".3g"), Col("level", "fits in", "text"),
-                     Col("median_GBps", "GB/s median", ".1f"), Col("best_GBps", "GB/s best", ".1f")), rows=_sweep_rows))
     if "whatif" in result.tables:
-        out.append(View("7. What if: other GPUs (spec-sheet napkin math, not measured)",
-                        f"BF16 ridge (FLOP/byte) and batch-1 ceilings of {WHATIF_MODEL} at an 8k context; which "
-                        "models fit with 8k of KV?", "whatif",
+        out.append(View("5. What if: other GPUs (spec-sheet napkin math, not measured)",
+                        f"BF16 ridge and batch-1 tok/s of {WHATIF_MODEL}, 8k context; which models fit?", "whatif",
                         (Col("gpu", "GPU", "text", 16), Col("ridge", "ridge", ".0f"),
-                         Col("decode_bf16", "decode BF16 tok/s", ".3g"), Col("decode_fp8", "FP8", ".3g"),
-                         Col("prefill_bf16", "prefill BF16 tok/s", ",.0f"), Col("fits", "fit BF16/FP8", "text")),
+                         Col("decode_bf16", "decode", ".3g"), Col("decode_fp8", "FP8", ".3g"),
+                         Col("prefill_bf16", "prefill", ",.0f"), Col("fits", "fit BF16/FP8", "text")),
                         rows=_whatif_rows))
     return out
 
@@ -122,7 +133,7 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
             f"({float(m['ridge']):.1f} at {bw:.1f} GB/s)")
     dec = result.tables.get("decode")
     if dec is not None and len(dec):
-        text += f": it used {float(dec.iloc[0]['pct_of_peak_compute']):.1f}% of peak compute"
+        text += f": {float(dec.iloc[0]['pct_of_peak_compute']):.1f}% of peak compute"
         if bool(m["fits_llc"]):
             text += " (weights in cache: dispatch sets its time)"
     return text + "."

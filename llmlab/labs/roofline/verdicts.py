@@ -187,8 +187,7 @@ def _whatif_ceiling(dec: pd.DataFrame | None, model: pd.DataFrame | None, roofs:
     x = float(one["tokens_per_s"]) / ceiling
     meas = f"{float(one['tokens_per_s']):,.1f} tok/s = {x:.0%} of the {ceiling:,.1f} tok/s ceiling"
     if bool(m["fits_llc"]):
-        return Claim(cid, text, exp, meas, None, "the weights sit in the last-level cache: the DRAM ceiling does "
-                     "not bind (a larger --model, e.g. arch:qwen2.5-0.5b, leaves the cache)")
+        return Claim(cid, text, exp, meas, None, "weights in cache: the DRAM ceiling does not bind (see Notes)")
     ok = x <= WHATIF_CEILING_X
     return Claim(cid, text, exp, meas, ok, "" if ok else "faster than memory allows: the bytes per step are "
                  "overcounted, or part of the weights stayed in a cache")

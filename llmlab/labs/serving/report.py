@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from llmlab.core.results import Chart, Col, LabResult, View
+from llmlab.core.results import Chart, Col, LabResult, View, empty_table
+
+MIN_CURVE_POINTS = 4  # fewer concurrency levels (a --quick run's 3) draw no curve: the table above says it all
+
+
+def _concurrency_chart(result: LabResult) -> Chart | None:
+    df = result.tables.get("concurrency")
+    if empty_table(df) or len(df) < MIN_CURVE_POINTS:
+        return None
+    return Chart("output tokens/s vs clients", "concurrency", "concurrency", "output_tokens_per_s", logx=True,
+                 xlabel="clients (log)", ylabel="tokens/s")
 
 
 def views(result: LabResult) -> list[View]:
@@ -13,8 +23,7 @@ def views(result: LabResult) -> list[View]:
                              Col("p50_ttft_ms", "TTFT p50 ms"), Col("p99_ttft_ms", "TTFT p99 ms"),
                              Col("p50_itl_ms", "ITL p50 ms"),
                              Col("compute_util", "FLOPs use", "%"), Col("device_busy", "busy", "%")),
-             chart=Chart("output tokens/s vs clients", "concurrency", "concurrency", "output_tokens_per_s", logx=True,
-                         xlabel="clients (log)", ylabel="tokens/s")),
+             chart=_concurrency_chart(result)),
         View("   ... step time vs batch", "Where does a decode step stop being free to widen?", "step_time",
              (Col("decodes", "decodes / step", "int"), Col("step_ms", "step ms"), Col("ms_per_token", "ms / token"))),
         View("2. Static vs continuous batching", "Same Poisson arrivals, short and long replies mixed: who wins?",
