@@ -14,8 +14,12 @@ The article's argument, each step turned into a measurement:
    are the first token's), ITL = one decode step; E2E = TTFT + (n - 1) ITL predicted from the parts
    against generation timed end to end.
 5. Disaggregation in napkin form: KV bytes per request, moved over a link (PCIe 4.0 x16, NVLink:
-   spec values, or --link-GBps), against the prefill it replaces. The interference it removes
-   needs the serving engine (chunked prefill): not measured here.
+   spec values, or --link-GBps), against the prefill it replaces.
+6. Decode's share of a whole generation at realistic reply lengths, from TTFT and ITL, timed.
+7. Disaggregation, run (`disagg.py`): two torch.distributed ranks, each with llmlab's engine; one
+   prefills and ships the KV blocks, the other decodes beside running replies; against the same
+   engine colocated with chunked prefill under the same arrivals: bytes at the measured link rate,
+   the running replies' ITL, the TTFT the hand-off costs.
 
 How bytes are counted: see llmlab/core/flops.py (weights once per forward, KV read/written once,
 matmul inputs and outputs once). A model that fits in the last-level cache is read from cache,
@@ -35,11 +39,11 @@ from __future__ import annotations
 
 from llmlab.core.device import Device
 from llmlab.core.results import LabResult
-from llmlab.labs.prefill_decode.config import E2E_TOL, INTERFERENCE, LAB, VERSION, Config
+from llmlab.labs.prefill_decode.config import E2E_TOL, LAB, VERSION, Config
 from llmlab.labs.prefill_decode.report import figures, headline, views
 from llmlab.labs.prefill_decode.verdicts import decode_bound, judge
 
-JUDGE_VERSION = 2  # 2: the decode share of a whole generation at long replies
+JUDGE_VERSION = 3  # 2: the decode share of a whole generation at long replies; 3: the hand-off's claims, run
 
 
 def run(cfg: Config, device: Device, progress=None) -> LabResult:
@@ -49,5 +53,5 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     return lab.run(cfg, device, progress)
 
 
-__all__ = ["E2E_TOL", "INTERFERENCE", "JUDGE_VERSION", "LAB", "VERSION", "Config", "decode_bound", "figures",
+__all__ = ["E2E_TOL", "JUDGE_VERSION", "LAB", "VERSION", "Config", "decode_bound", "figures",
            "headline", "judge", "run", "views"]

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from llmlab.core.config import opt
 
 LAB = "prefill-decode"
-VERSION = 2  # 2: the decode share of a whole generation at long replies (the decode_share table)
+VERSION = 3  # 2: the decode share of a whole generation at long replies; 3: the hand-off, run on two ranks
 LINKS = (("PCIe 4 x16 (spec)", 32.0), ("NVLink 4 (spec)", 450.0))  # GB/s per direction: PCIe 4.0 x16; H100 NVLink 4
 BOUND_SHARE = 0.5  # a phase is "bound" by a roof when it reaches >= half of it
 E2E_TOL = 0.10  # E2E predicted from the parts must land within 10% of the timed whole
 FLOP_TOL = 0.05  # formula vs FlopCounterMode
 DECODE_SHARE = 0.90  # "decode is ~95% of generation time": the decode share must reach 90% at every long reply
-INTERFERENCE = "needs the serving engine's chunked prefill"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -75,6 +74,16 @@ class Config:
     # tiny's weights sit in a GPU's L2: decode would not read HBM
     cuda_model: str = opt("auto", help="GPU: auto = a registry arch: of >= 32x the L2 replaces the first model when "
                                        "it fits in L2; same = keep it; or a model reference.")
+    # a page-long prompt: several chunks of the colocated prefill
+    handoff_prompt: int = opt(1024, help="Prompt tokens of each long request of the measured hand-off (>= 16; a "
+                              "multiple of 16 ships every token's KV).")
+    handoff_requests: int = opt(3, help="Long requests of the hand-off, arriving 100 ms after the running replies "
+                                "start and 200 ms apart (>= 1).")
+    # the decodes a prefill would stall
+    handoff_running: int = opt(4, help="Replies already decoding when the long prompts arrive (>= 1).")
+    # a chunk step is a few decode steps long
+    handoff_chunk: int = opt(128, help="Tokens per step of the colocated engine's chunked prefill, the hand-off's "
+                             "baseline (>= 1).")
     seed: int = 0
 
     def __post_init__(self):
@@ -92,6 +101,10 @@ class Config:
             raise ValueError("repeats must be >= 3 (a median needs samples), e2e_repeats and share_repeats >= 1")
         if self.link_GBps < 0 or not math.isfinite(self.link_GBps):
             raise ValueError(f"--link-GBps {self.link_GBps}: give a positive bandwidth in GB/s (0 = the spec links)")
+        if self.handoff_prompt < 16:
+            raise ValueError(f"--handoff-prompt {self.handoff_prompt}: give at least 16 tokens (one KV block)")
+        if min(self.handoff_requests, self.handoff_running, self.handoff_chunk) < 1:
+            raise ValueError("--handoff-requests, --handoff-running and --handoff-chunk must each be >= 1")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype}: use auto, float32, bfloat16 or float16")
         if self.batch_context < 1 or self.arch_max_len < 1 or self.threads < 0 or self.share_prompt < 1:
@@ -102,4 +115,5 @@ class Config:
         # the decode share keeps the 512-token prompt and one realistic reply, 256 tokens: seconds on a CPU
         return cls(models=("tiny",), prompt_lens=(32, 128, 512), repeats=3, max_point_s=1.5, batch_sizes=(1, 4, 16, 64),
                    batch_context=32, output_lens=(8,), e2e_repeats=3, share_output_lens=(256,), share_repeats=1,
-                   roof_llc_multiple=2, roof_blocks=3, roof_repeats=3, roof_shapes=1)
+                   roof_llc_multiple=2, roof_blocks=3, roof_repeats=3, roof_shapes=1, handoff_prompt=512,
+                   handoff_requests=2)

@@ -123,12 +123,12 @@ def handoff_views(result: LabResult) -> list[View]:
         r = link.iloc[0]
         how = f" (link: {r['backend']} {r['devices']}, {r['rate_GBps']:.2f} GB/s, {r['latency_us']:.0f} us)"
     return [
-        View("7. Disaggregation, run", "Does moving prefill to another worker keep the running replies' ITL flat, "
+        View("6. Disaggregation, run", "Does moving prefill to another worker keep the running replies' ITL flat, "
              "and what does it cost in TTFT?", "handoff_modes",
              (Col("mode", "mode", "text", 26), Col("itl_p50_before_ms", "ITL p50 before"),
               Col("itl_p50_ms", "ITL p50 during"), Col("itl_max_ms", "worst ITL"),
               Col("ttft_p50_ms", "TTFT p50 ms"), Col("ttft_max_ms", "TTFT max ms"))),
-        View("7b. The hand-off", "How many bytes does one request's KV take, and how long to move them?" + how,
+        View("6b. The hand-off", "How many bytes does one request's KV take, and how long to move them?" + how,
              "handoff",
              (Col("prompt_tokens", "T", "int"), Col("shipped_tokens", "shipped", "int"),
               Col("kv_bytes", "KV bytes", "int"), Col("formula_bytes", "formula", "int"),

@@ -13,7 +13,8 @@ from llmlab.core.flops import Shape
 from llmlab.core.models import load, load_config
 from llmlab.core.results import LabResult
 from llmlab.core.timing import Stopwatch
-from llmlab.labs.prefill_decode.config import INTERFERENCE, LAB, VERSION, Config
+from llmlab.labs.prefill_decode.config import LAB, VERSION, Config
+from llmlab.labs.prefill_decode.disagg import measure_handoff
 from llmlab.labs.prefill_decode.measure import gpu_models, lengths_for, measure_roofs, model_dtype, pick_threads
 from llmlab.labs.prefill_decode.parts import (
     chart_tables,
@@ -86,7 +87,6 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         tps, roofline = chart_tables(res.tables["phases"], res.tables["intensity"], peak, bw)
         res.add_table("tokens_chart", tps)
         res.add_table("roofline_chart", roofline)
-    res.skip("interference", INTERFERENCE)
     load_txt = f", load {load_avg:.1f} on {cores} CPUs" if load_avg is not None else ""
     res.note(f"{threads} thread(s), {dtype}{load_txt}; bytes: llmlab/core/flops.py")
     if res.env["timing_only"]:
@@ -110,4 +110,6 @@ def first_model_parts(res: LabResult, sw: Stopwatch, cfg: Config, device: Device
     else:
         res.skip("decode_share", f"no reply length fits after the {cfg.share_prompt}-token prompt")
     res.add_table("disagg", disagg_rows(cfg, rows, shape, elem))
+    with sw.phase("hand-off"):
+        measure_handoff(res, cfg, device, lm.ref, res.env["dtype"])
 

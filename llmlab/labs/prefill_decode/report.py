@@ -8,14 +8,13 @@ import pandas as pd
 
 from llmlab.core.plots import pyplot
 from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
+from llmlab.labs.prefill_decode.disagg import handoff_views
 from llmlab.labs.prefill_decode.verdicts import _first_model, decode_bound
 
 
 def views(result: LabResult) -> list[View]:
     """The report's parts, in the order of the article."""
     many = "phases" in result.tables and result.tables["phases"]["model"].nunique() > 1
-    dis = result.tables.get("disagg")
-    links = list(dict.fromkeys(zip(dis["link"], dis["link_GBps"], strict=True))) if dis is not None and len(dis) else []
     model = (Col("model", "model", "text", 12),) if many else ()
     return [
         View("1. The two phases timed", "How many tokens/s does reading the prompt make, and writing the reply?",
@@ -43,15 +42,11 @@ def views(result: LabResult) -> list[View]:
              (Col("tokens", "T", "int"), Col("new_tokens", "n", "int"), Col("ttft_ms", "TTFT ms"),
               Col("itl_ms", "ITL ms"), Col("predicted_e2e_ms", "E2E pred. ms"), Col("measured_e2e_ms", "E2E ms"),
               Col("error", "error", "%"))),
-        View("5. Disaggregation, napkin form", "What does moving one request's KV cost next to its prefill? (links: "
-             + ", ".join(f"{name} {gbps:g} GB/s" for name, gbps in links) + ")", "disagg",
-             (Col("tokens", "T", "int"), Col("kv_bytes", "KV bytes", "int"),
-              *(Col(f"us_{i}", f"{name.split()[0]} us", ".3g") for i, (name, _) in enumerate(links)),
-              Col("prefill_ms", "prefill ms"), Col("itl_ms", "ITL ms")), rows=_by_tokens),
-        View("6. Decode's share of a reply", "Is decode ~95% of a whole generation at realistic reply lengths?",
+        View("5. Decode's share of a reply", "Is decode ~95% of a whole generation at realistic reply lengths?",
              "decode_share", (Col("tokens", "T", "int"), Col("new_tokens", "n", "int"), Col("ttft_ms", "TTFT ms"),
                               Col("itl_ms", "ITL ms"), Col("predicted_share", "decode share (pred.)", "%"),
                               Col("measured_e2e_ms", "E2E ms"), Col("measured_share", "decode share (timed)", "%"))),
+        *handoff_views(result),
     ]
 
 
@@ -60,16 +55,6 @@ def _ends(df: pd.DataFrame) -> pd.DataFrame:
     df = _first_model(df)
     keep = df["tokens"].isin([df["tokens"].min(), df["tokens"].max()])
     return df[keep].sort_values(["phase", "tokens"], ascending=[False, True])
-
-
-def _by_tokens(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per T, the transfer time over each link in its own column (us_0, us_1, ...)."""
-    df = _first_model(df)
-    out = df.drop_duplicates("tokens")[["tokens", "kv_bytes", "prefill_ms", "itl_ms"]].reset_index(drop=True)
-    for i, link in enumerate(dict.fromkeys(df["link"])):
-        g = df[df["link"] == link]
-        out[f"us_{i}"] = out["tokens"].map(dict(zip(g["tokens"], g["transfer_us"], strict=True)))
-    return out
 
 
 def headline(result: LabResult, claims: list[Claim]) -> str:

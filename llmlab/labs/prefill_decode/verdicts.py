@@ -9,6 +9,7 @@ import pandas as pd
 from llmlab.core.results import Claim, LabResult, empty_table
 from llmlab.core.roofs import batch_knee
 from llmlab.labs.prefill_decode.config import BOUND_SHARE, DECODE_SHARE, E2E_TOL, FLOP_TOL
+from llmlab.labs.prefill_decode.disagg import handoff_claims
 
 
 def _roof(tables, name: str) -> float:
@@ -105,19 +106,11 @@ def _later_claims(T: dict[str, pd.DataFrame], has: set[str], ridge: float | None
                             f"worst {w['ratio']:.4f}x ({w['model']} {w['phase']})",
                             abs(w["ratio"] - 1) <= FLOP_TOL, note="the formula misses (or adds) an op the model runs"))
 
-    # 8. disaggregation: moving the KV costs less than recomputing it; the interference it removes is not measured
-    dis = T.get("disagg")
-    if dis is not None and len(dis):
-        w = dis.loc[dis["transfer_over_prefill"].idxmax()]
-        claims.append(Claim("prefill_decode.kv_move_cheaper_than_prefill",
-                            "moving a request's KV costs less than its prefill",
-                            "every T and link < 1x its prefill",
-                            f"worst {w['transfer_over_prefill']:.1e}x prefill (T={int(w['tokens'])}, "
-                            f"{w['link'].split()[0]})",
-                            w["transfer_over_prefill"] < 1, note="this link is slower than recomputing the prompt"))
-
     # 9. decode's share of a whole generation at long replies
     claims.append(decode_share_claim(T.get("decode_share")))
+
+    # 10. the hand-off, run: bytes at the link rate, the running replies' ITL, the TTFT it costs
+    claims += handoff_claims(T)
     return claims
 
 
