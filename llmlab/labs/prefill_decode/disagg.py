@@ -67,17 +67,15 @@ def _bytes_claim(h: pd.DataFrame, link) -> Claim:
     exact = bool((h["kv_bytes"] == h["formula_bytes"]).all())
     r = h["transfer_over_predicted"]
     holds = exact and bool(r.between(lo, hi).all())
+    why = ("" if holds else "off the probed link: a busy host, or a rate that depends on size" if exact
+           else "the bytes sent are not the formula's: the export or the import is wrong")
     return Claim(
         "prefill_decode.handoff_bytes_at_link_rate",
-        "the hand-off moves the formula's KV bytes at the measured link rate",
-        f"every request: bytes moved = 2 x layers x kv_heads x head_dim x shipped tokens x bytes, and transfer "
-        f"time within {lo:g}-{hi:g}x latency + bytes / rate",
-        f"{int(h['kv_bytes'].iloc[0]):,} B per request ({'= the formula' if exact else 'NOT the formula'}); transfer "
-        f"{r.min():.2f}-{r.max():.2f}x the prediction ({h['transfer_ms'].median():.2f} ms at {link['rate_GBps']:.2f} "
-        f"GB/s, {link['latency_us']:.0f} us latency)",
-        holds, note="" if holds else ("the bytes sent are not the formula's: the export or the import is wrong"
-                                      if not exact else "the transfer is off the probed link: the host was busy, or "
-                                      "the link's rate depends on the message size"))
+        "the hand-off moves the formula's bytes at the probed link rate",
+        f"bytes = the KV formula; transfer {lo:g}-{hi:g}x latency + bytes / rate",
+        f"{int(h['kv_bytes'].iloc[0]):,} B ({'= formula' if exact else 'NOT the formula'}); transfer "
+        f"{r.min():.2f}-{r.max():.2f}x predicted ({link['rate_GBps']:.2f} GB/s, {link['latency_us']:.0f} us)",
+        holds, note=why)
 
 
 def _itl_claim(m: pd.DataFrame, link: pd.DataFrame) -> Claim:
@@ -90,8 +88,7 @@ def _itl_claim(m: pd.DataFrame, link: pd.DataFrame) -> Claim:
             "the decode rank was slowed by something else than prefill: both ranks share the host's cores")
     return Claim(
         "prefill_decode.disagg_lowers_running_itl", "disaggregation lowers the running replies' worst ITL",
-        f"the running replies' worst ITL while the long prompts are prefilled: disaggregated < colocated with "
-        f"chunked prefill ({int(co['chunk_budget'])} tokens per step)",
+        f"worst ITL during the prefills: disaggregated < colocated ({int(co['chunk_budget'])}-token chunks)",
         f"worst {dis['itl_max_ms']:.1f} ms disaggregated vs {co['itl_max_ms']:.1f} ms colocated "
         f"(p50 {dis['itl_p50_ms']:.1f} vs {co['itl_p50_ms']:.1f} ms)", holds, note=note)
 
@@ -104,11 +101,9 @@ def _ttft_claim(m: pd.DataFrame, req: pd.DataFrame) -> Claim:
     diff = dis["ttft_p50_ms"] - co["ttft_p50_ms"]
     return Claim(
         "prefill_decode.disagg_ttft_cost", "disaggregation's TTFT cost over its prefill is the hand-off",
-        f"every request: TTFT - the prefill worker's TTFT = wait + transfer, the wait at most one decode step "
-        f"(<= the decode worker's worst ITL + {WAIT_SLACK_MS:g} ms); TTFT vs colocated reported",
-        f"hand-off adds <= {over:.1f} ms (wait <= {d['wait_ms'].max():.1f} ms, transfer <= "
-        f"{d['transfer_ms'].max():.1f} ms); p50 TTFT {dis['ttft_p50_ms']:.0f} ms vs {co['ttft_p50_ms']:.0f} ms "
-        f"colocated ({diff:+.0f} ms)",
+        f"TTFT - prefill's TTFT = wait + transfer, wait <= worst ITL + {WAIT_SLACK_MS:g} ms",
+        f"adds <= {over:.1f} ms (wait {d['wait_ms'].max():.1f}, transfer {d['transfer_ms'].max():.1f}); p50 TTFT "
+        f"{dis['ttft_p50_ms']:.0f} vs {co['ttft_p50_ms']:.0f} ms colocated ({diff:+.0f} ms)",
         holds, note="" if holds else "the decode worker took longer than one of its steps to pick a hand-off up")
 
 
@@ -121,17 +116,15 @@ def handoff_views(result: LabResult) -> list[View]:
     how = ""
     if not empty_table(link):
         r = link.iloc[0]
-        how = f" (link: {r['backend']} {r['devices']}, {r['rate_GBps']:.2f} GB/s, {r['latency_us']:.0f} us)"
+        how = f" (link {r['backend']} {r['devices']}: {r['rate_GBps']:.2f} GB/s, {r['latency_us']:.0f} us)"
     return [
-        View("6. Disaggregation, run", "Does moving prefill to another worker keep the running replies' ITL flat, "
-             "and what does it cost in TTFT?", "handoff_modes",
-             (Col("mode", "mode", "text", 26), Col("itl_p50_before_ms", "ITL p50 before"),
-              Col("itl_p50_ms", "ITL p50 during"), Col("itl_max_ms", "worst ITL"),
-              Col("ttft_p50_ms", "TTFT p50 ms"), Col("ttft_max_ms", "TTFT max ms"))),
-        View("6b. The hand-off", "How many bytes does one request's KV take, and how long to move them?" + how,
-             "handoff",
-             (Col("prompt_tokens", "T", "int"), Col("shipped_tokens", "shipped", "int"),
-              Col("kv_bytes", "KV bytes", "int"), Col("formula_bytes", "formula", "int"),
-              Col("transfer_ms", "transfer ms"), Col("predicted_ms", "predicted ms"),
-              Col("recomputed_tokens", "recomputed", "int"), Col("tokens_equal", "same tokens", "text"))),
+        View("5. Disaggregation, run", "Moving prefill to another worker: the running replies' ITL, and TTFT (ms)",
+             "handoff_modes",
+             (Col("mode", "mode", "text", 26), Col("itl_p50_before_ms", "ITL before"),
+              Col("itl_p50_ms", "ITL during"), Col("itl_max_ms", "worst ITL"),
+              Col("ttft_p50_ms", "TTFT p50"), Col("ttft_max_ms", "TTFT max"))),
+        View("5b. The hand-off", "KV bytes and transfer time" + how, "handoff",
+             (Col("prompt_tokens", "T", "int"), Col("kv_bytes", "KV bytes", "int"),
+              Col("formula_bytes", "formula", "int"), Col("transfer_ms", "transfer ms"),
+              Col("predicted_ms", "predicted ms"), Col("tokens_equal", "same tokens", "text"))),
     ]
