@@ -13,8 +13,8 @@ The article's argument, each step turned into a measurement:
 4. TTFT and ITL: TTFT = the prefill forward plus choosing the first token (the prefill's logits
    are the first token's), ITL = one decode step; E2E = TTFT + (n - 1) ITL predicted from the parts
    against generation timed end to end.
-5. Disaggregation in napkin form: KV bytes per request, moved over a link (PCIe 4.0 x16, NVLink:
-   spec values, or --link-GBps), against the prefill it replaces.
+5. Disaggregation, napkin form (the `disagg` table, in the JSON): KV bytes per request, moved over
+   a link (PCIe 4.0 x16, NVLink: spec values, or --link-GBps), against the prefill it replaces.
 6. Decode's share of a whole generation at realistic reply lengths, from TTFT and ITL, timed.
 7. Disaggregation, run (`disagg.py`): two torch.distributed ranks, each with llmlab's engine; one
    prefills and ships the KV blocks, the other decodes beside running replies; against the same

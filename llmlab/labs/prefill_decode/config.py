@@ -27,8 +27,9 @@ class Config:
     model's shape (checked against torch's FlopCounterMode) and places them on the roofline measured with the
     roofline lab's kernels, finds the decode batch at which decode turns compute-bound, predicts E2E = TTFT +
     (n - 1) x ITL from the parts and times the whole, checks that decode is ~95% of a generation at realistic reply
-    lengths (256-1,024 tokens after a 512-token prompt), and prices disaggregated serving: the KV bytes a request
-    moves from a prefill device to a decode device over PCIe or NVLink. On a CPU it also says what really bounds
+    lengths (256-1,024 tokens after a 512-token prompt), and runs disaggregated serving on two torch.distributed
+    ranks: one prefills and ships the KV blocks, the other decodes beside running replies, against the same engine
+    colocated with chunked prefill. On a CPU it also says what really bounds
     decode when the model sits in cache.
     """
 
@@ -59,8 +60,8 @@ class Config:
                                              "comma-separated (>= 2).")
     share_repeats: int = opt(2, help="Whole generations timed per reply length of the decode-share part (>= 1).")
     # 0 = the spec links
-    link_GBps: float = opt(0.0, help="Link bandwidth (GB/s, one direction) that moves the KV in the hand-off part "
-                                     "(0 = the spec values of PCIe 4.0 x16, 32, and NVLink 4, 450).",
+    link_GBps: float = opt(0.0, help="Link bandwidth (GB/s, one direction) of the napkin hand-off table (`disagg`, "
+                                     "in the JSON; 0 = the spec values of PCIe 4.0 x16, 32, and NVLink 4, 450).",
                                      flag="--link-GBps")
     # one thread waits on nobody
     threads: int = opt(0, help="torch CPU threads for roofs and model alike (0 = torch's, or 1 when the CPU is "

@@ -1,4 +1,4 @@
-"""Part 7 of the prefill-decode lab: disaggregated prefill, run (`llmlab.serving.disagg`).
+"""Part 5 of the prefill-decode lab's report (5, 5b): disaggregated prefill, run (`llmlab.serving.disagg`).
 
 Two ranks, each with its own engine: rank 0 prefills each long prompt and ships its first token and KV
 blocks to rank 1, which decodes it beside replies already running; the baseline is the same engine
@@ -111,7 +111,7 @@ def _ttft_claim(m: pd.DataFrame, req: pd.DataFrame) -> Claim:
 
 
 def handoff_views(result: LabResult) -> list[View]:
-    """Part 7's two views: the modes side by side, then each hand-off against the link."""
+    """The hand-off's two views: the modes side by side, then each hand-off against the link."""
     link = result.tables.get("handoff_link")
     how = ""
     if not empty_table(link):

@@ -2,7 +2,8 @@
 
 The series' production half, measured on llmlab's own paged, continuously batching engine
 (llmlab.serving.engine.llm_engine, checked against HF at every computed position before any timing), or on
-any OpenAI-compatible server with --endpoint URL (parts 1 and 4; the others need the engine's internals).
+any OpenAI-compatible server with --endpoint URL (part 1, the concurrency sweep; the others need the engine's
+internals).
 
 The model: the built-in `tiny` on a CPU. On CUDA the default `tiny` (23 MB) would sit in the GPU's
 L2, where decode is not memory-bound as it is for a real model, so the engine's parts run an `arch:`

@@ -66,7 +66,7 @@ class Config:
     train_gpu: str = opt("H100", help="Part 6's napkin: the GPU (a spec-registry name) that trains and serves "
                                       "--train-model, at --price-per-hour each.")  # its BF16 dense peak
     endpoint: str | None = opt(None, panel=ENDPOINT_PANEL, help="An OpenAI-compatible server (http://host:port): "
-                               "parts 1 and 4 measure it; the rest need the in-process engine.")
+                               "part 1 (the concurrency sweep) measures it; the rest need the in-process engine.")
     threads: int = opt(1, help="torch CPU threads.")  # the engine's small ragged steps gain little from more
     seed: int = 0
 

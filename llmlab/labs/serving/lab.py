@@ -42,7 +42,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
         for table, fn in (("static_vs_continuous", part_static), ("capacity", part_capacity),
                           ("chunked", part_chunked)):
             if cfg.endpoint:
-                res.skip(table, "needs the in-process engine (--endpoint measures parts 1 and 4)")
+                res.skip(table, "needs the in-process engine (--endpoint measures part 1, the concurrency sweep)")
             else:
                 fn(res, cfg, model, vocab, rng)
         res.add_table("capacity_formula", capacity_formula_rows())
