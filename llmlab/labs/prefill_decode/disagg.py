@@ -67,14 +67,14 @@ def _bytes_claim(h: pd.DataFrame, link) -> Claim:
     exact = bool((h["kv_bytes"] == h["formula_bytes"]).all())
     r = h["transfer_over_predicted"]
     holds = exact and bool(r.between(lo, hi).all())
-    why = ("" if holds else "off the probed link: a busy host, or a rate that depends on size" if exact
+    why = ("" if holds else "off the probed link: busy host or size-dependent rate" if exact
            else "the bytes sent are not the formula's: the export or the import is wrong")
     return Claim(
         "prefill_decode.handoff_bytes_at_link_rate",
         "the hand-off moves the formula's bytes at the probed link rate",
         f"bytes = the KV formula; transfer {lo:g}-{hi:g}x latency + bytes / rate",
         f"{int(h['kv_bytes'].iloc[0]):,} B ({'= formula' if exact else 'NOT the formula'}); transfer "
-        f"{r.min():.2f}-{r.max():.2f}x predicted ({link['rate_GBps']:.2f} GB/s, {link['latency_us']:.0f} us)",
+        f"{r.min():.2f}-{r.max():.2f}x predicted",
         holds, note=why)
 
 
@@ -88,9 +88,8 @@ def _itl_claim(m: pd.DataFrame, link: pd.DataFrame) -> Claim:
             "the decode rank was slowed by something else than prefill: both ranks share the host's cores")
     return Claim(
         "prefill_decode.disagg_lowers_running_itl", "disaggregation lowers the running replies' worst ITL",
-        f"worst ITL during the prefills: disaggregated < colocated ({int(co['chunk_budget'])}-token chunks)",
-        f"worst {dis['itl_max_ms']:.1f} ms disaggregated vs {co['itl_max_ms']:.1f} ms colocated "
-        f"(p50 {dis['itl_p50_ms']:.1f} vs {co['itl_p50_ms']:.1f} ms)", holds, note=note)
+        f"worst ITL in prefills: disaggregated < colocated ({int(co['chunk_budget'])}-token chunks)",
+        f"worst {dis['itl_max_ms']:.1f} ms disaggregated vs {co['itl_max_ms']:.1f} ms colocated", holds, note=note)
 
 
 def _ttft_claim(m: pd.DataFrame, req: pd.DataFrame) -> Claim:
@@ -120,8 +119,7 @@ def handoff_views(result: LabResult) -> list[View]:
     return [
         View("5. Disaggregation, run", "Moving prefill to another worker: the running replies' ITL, and TTFT (ms)",
              "handoff_modes",
-             (Col("mode", "mode", "text", 26), Col("itl_p50_before_ms", "ITL before"),
-              Col("itl_p50_ms", "ITL during"), Col("itl_max_ms", "worst ITL"),
+             (Col("mode", "mode", "text", 26), Col("itl_p50_ms", "ITL p50 during"), Col("itl_max_ms", "worst ITL"),
               Col("ttft_p50_ms", "TTFT p50"), Col("ttft_max_ms", "TTFT max"))),
         View("5b. The hand-off", "KV bytes and transfer time" + how, "handoff",
              (Col("prompt_tokens", "T", "int"), Col("kv_bytes", "KV bytes", "int"),

@@ -140,9 +140,8 @@ def _decode_bound(T, model) -> str:
     r = fl[fl["model"] == model].iloc[0]
     top, share = decode_bound(r)
     cached = r["weights_MiB"] + r["kv_MiB"] <= r["llc_MiB"]
-    where = f"weights in the {r['llc_MiB']:.0f} MiB cache: " if cached else ""
-    return (f"{where}{top} bounds it ({share:.0%} of {r['measured_ms']:.1f} ms; overhead {r['overhead_ms']:.1f}, "
-            f"DRAM {r['memory_ms']:.1f}, compute {r['compute_ms']:.2f} ms)")
+    where = "in cache, " if cached else ""
+    return f"{where}{top} bounds it: {share:.0%} of {r['measured_ms']:.1f} ms"
 
 
 def _crossover_claim(cx, ridge) -> Claim:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -107,12 +109,15 @@ def _whatif_rows(df: pd.DataFrame) -> pd.DataFrame:
         names = [m.split()[0] for m, f in zip(g["model"], g["fits"], strict=True) if f is True or f == 1.0]
         return ",".join(names) if names else "none"
 
+    def cell(mine: pd.DataFrame, fmt: str, col: str) -> float:  # a run stopped mid-table may lack a format
+        return float(mine.loc[fmt, col]) if fmt in mine.index else math.nan
+
     rows = []
     for (source, gpu), g in df.groupby(["source", "gpu"], sort=False):
         mine = g[g["model"] == WHATIF_MODEL].set_index("format")
         rows.append(dict(gpu=gpu if source.startswith("spec") else f"{gpu} (measured)",
-                         ridge=mine.loc["bf16", "ridge"], decode_bf16=mine.loc["bf16", "decode_tok_s"],
-                         decode_fp8=mine.loc["fp8", "decode_tok_s"], prefill_bf16=mine.loc["bf16", "prefill_tok_s"],
+                         ridge=cell(mine, "bf16", "ridge"), decode_bf16=cell(mine, "bf16", "decode_tok_s"),
+                         decode_fp8=cell(mine, "fp8", "decode_tok_s"), prefill_bf16=cell(mine, "bf16", "prefill_tok_s"),
                          fits=f"{fitting(g, 'bf16')}/{fitting(g, 'fp8')}"))
     return pd.DataFrame(rows)
 
