@@ -47,7 +47,7 @@ import urllib.request
 from pathlib import Path
 
 from llmlab.loadgen.client import calculate_metrics, run_load
-from llmlab.tools.gpucheck import _free_port, _wait_health  # gpu-check starts llmlab serve the same way
+from llmlab.tools.gpucheck import _free_port, _wait_health, stop_process  # gpu-check starts llmlab serve so
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "llmlab" / "tiny" / "weights" / "tiny"
@@ -85,12 +85,7 @@ def llmlab_server(threads: int, cpus: str | None, start_timeout_s: float):
                 raise SystemExit(f"llmlab serve: {why}:\n{log.read()[-2000:]}")
             yield base
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def vocab_size() -> int:

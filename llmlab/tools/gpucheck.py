@@ -234,6 +234,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """Stop a server we started: SIGTERM, then SIGKILL if it is still there after `grace_s`."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _wait_health(base: str, proc: subprocess.Popen, timeout_s: float) -> str | None:
     """None once /health answers 200, else why not (the server exited, or the deadline passed)."""
     import httpx  # lazy: the top level is stdlib only (see the module docstring)
@@ -325,12 +335,7 @@ def serve_check(device: str, log_dir: Path, seconds: float = SERVE_S, argv: list
         except Exception as exc:  # noqa: BLE001  (any failure is the check's finding, not gpu-check's crash)
             row = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]}
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
     if "ok" not in row:
         row["ok"] = row["greedy_same"] and row["stream_same"] and row["errors"] == 0
     return row | {"seconds": round(time.perf_counter() - t0, 1), "log": str(log)}
