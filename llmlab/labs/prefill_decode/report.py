@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from llmlab.core.plots import pyplot
-from llmlab.core.results import Chart, Claim, Col, LabResult, View, empty_table
+from llmlab.core.results import Claim, Col, LabResult, View, empty_table
 from llmlab.labs.prefill_decode.disagg import handoff_views
 from llmlab.labs.prefill_decode.verdicts import _first_model, decode_bound
 
@@ -27,10 +27,7 @@ def views(result: LabResult) -> list[View]:
              "intensity", (Col("label", "phase", "text", 14), Col("intensity", "FLOP/byte"), Col("ridge", "ridge"),
                            Col("achieved_gflops", "GFLOP/s"), Col("share_of_peak", "% of peak", "%"),
                            Col("achieved_GBps", "GB/s"), Col("share_of_bandwidth", "% of GB/s", "%")),
-             rows=_ends,
-             chart=Chart("both phases on the measured roofline (log-log)", "roofline_chart", "intensity", "gflops",
-                         kind="scatter", series="series", logx=True, logy=True,
-                         xlabel="FLOP/byte (log)", ylabel="GFLOP/s (log)")),
+             rows=_ends),  # the roofline itself: `llmlab roofline` draws it; the points stay in roofline_chart
         View("3. Where the crossover is", "At which decode batch does the step stop being flat (compute-bound)?",
              "crossover", (Col("batch", "batch", "int"), Col("ms", "ms / step"), Col("tok_s", "tok/s", "int"),
                            Col("intensity", "FLOP/byte"), Col("share_of_peak", "% of peak", "%"),
