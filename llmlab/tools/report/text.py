@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from llmlab.cli.card import human_bytes
 from llmlab.core.render import fmt as render_fmt
+from llmlab.core.units import human_bytes
 
 # A verdict's label and its CSS class, by Claim.holds.
 VERDICT = {True: ("holds", "ok"), False: ("does not hold", "bad"), None: ("not measured", "na")}
