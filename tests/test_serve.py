@@ -503,20 +503,9 @@ def test_n_choices_are_n_sequences_choice_i_sampled_with_seed_plus_i(server):
         r["usage"]["completion_tokens"] == 18
         and r["usage"]["prompt_tokens"] == post(base, "/tokenize", {"prompt": body["prompt"]}).json()["count"]
     )
-    s = post(
-        base,
-        "/v1/chat/completions",
-        {
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 4,
-            "temperature": 1.0,
-            "seed": 7,
-            "n": 2,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
-    )
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 1.0, "seed": 7, "n": 2,
+            "ignore_eos": True}
+    s = post(base, "/v1/chat/completions", {**chat, "stream": True, "stream_options": {"include_usage": True}})
     chunks = [json.loads(e) for e in sse_events(s.text)[:-1]]
     text, reasons, roles = {0: "", 1: ""}, {0: [], 1: []}, {0: [], 1: []}
     for c in chunks:
@@ -528,18 +517,7 @@ def test_n_choices_are_n_sequences_choice_i_sampled_with_seed_plus_i(server):
         all(reasons[i][-1] == "length" and roles[i][0] == "assistant" for i in (0, 1))
         and chunks[-1]["usage"]["completion_tokens"] == 8
     )
-    whole = post(
-        base,
-        "/v1/chat/completions",
-        {
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 4,
-            "temperature": 1.0,
-            "seed": 7,
-            "n": 2,
-            "ignore_eos": True,
-        },
-    ).json()
+    whole = post(base, "/v1/chat/completions", chat).json()  # the same request, not streamed
     assert [c["message"]["content"] for c in whole["choices"]] == [text[0], text[1]]
     assert wait_idle(base)["llmlab:num_requests_running"] == 0
 
