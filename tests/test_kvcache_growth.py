@@ -115,6 +115,21 @@ def test_registry_capacity_is_budget_over_bytes_per_token():
     assert rows["llama-3.1-70b"]["weights_fit"] is False and rows["llama-3.1-70b"]["kv_cache_tokens"] == 0
 
 
+def test_growth_chart_rows_grow_linearly_per_layout_and_the_window_caps_one():
+    import pandas as pd
+
+    from llmlab.labs.kvcache_growth.registry import kv_growth_rows
+
+    reg = pd.DataFrame(kv.registry_rows(kv.Config(), _Box("cpu")))
+    df = pd.DataFrame(kv_growth_rows(reg, kv.Config()))
+    assert set(df["layout"]) == {"llama-2-7b (MHA)", "llama-3-8b (GQA)", "mistral-7b (window)"}
+    gib = df.pivot(index="context", columns="model", values="GiB")
+    assert gib.index[0] == 256 and gib.index[-1] == max(kv.Config().contexts)
+    assert (gib["llama-2-7b"] / gib["llama-3-8b"] == 4).all()  # 32 vs 8 KV heads at every length
+    assert gib.loc[131072, "llama-3-8b"] == 16 and gib.loc[131072, "mistral-7b"] == 0.5  # the window caps it
+    assert gib["mistral-7b"].loc[8192:].nunique() == 1
+
+
 # ---------------------------------------------------------------- the quadratic trap
 
 

@@ -60,7 +60,7 @@ from llmlab.labs.kvcache_growth.report import figures, views
 from llmlab.labs.kvcache_growth.verdicts import headline, judge
 
 LAB = "kvcache-growth"
-VERSION = 2  # 2: the cache-vs-weights crossing judged from the measured rows; kv_by_length table
+VERSION = 3  # 3: kv_growth table (the terminal chart); 2: the crossing judged from the measured rows
 JUDGE_VERSION = 1
 
 

@@ -109,6 +109,7 @@ def part_registry(res: LabResult, model, device: Device, cfg: Config, progress) 
                      * 2 / _elem_size(last["dtype"]))
     reg = res.add_table("registry", registry_rows(cfg, device, extra, progress))
     res.add_table("kv_by_length", kv_by_length_rows(reg, cfg))
+    res.add_table("kv_growth", kv_growth_rows(reg, cfg))
     res.add_table("cache_dtypes", dtype_rows([(cfg.model, model.config)] + [(n, arch_config(n)) for n in ARCHS]))
     res.note(f"capacity on {device.spec} ({device.total_memory_bytes() / GiB:.1f} GiB): "
              f"{cfg.memory_utilization:.0%} of it "
@@ -125,6 +126,28 @@ def kv_by_length_rows(reg, cfg: Config) -> list[dict]:
             rows.append(dict(model=r.model, context=n, cached_tokens=held,
                              GiB=held * r.measured_bf16_KiB_per_token * KiB / GiB,
                              beyond_max_context=bool(r.max_context and n > r.max_context)))
+    return rows
+
+
+# The chart's layouts: one model each for full multi-head attention, grouped-query attention and a sliding
+# window, beside the lab's own model (at most four series: the legend must fit the chart's height).
+GROWTH_LAYOUTS = (("llama-2-7b", "MHA"), ("llama-3-8b", "GQA"), ("mistral-7b", "window"))
+
+
+def kv_growth_rows(reg, cfg: Config) -> list[dict]:
+    """The notebook growing with length, per layout: one request's cache (measured bytes per token x cached
+    tokens) at every power of two from 256 tokens to the longest context, for the chart."""
+    longest = max(cfg.contexts)
+    lengths = [2**k for k in range(8, 40) if 2**k < longest] + [longest]
+    picks = [(reg.iloc[0].model, "this model")] if reg.iloc[0].model not in ARCHS else []
+    picks += [(m, kind) for m, kind in GROWTH_LAYOUTS if m in set(reg["model"])]
+    rows = []
+    for model, kind in picks:
+        r = reg[reg["model"] == model].iloc[0]
+        for n in lengths:
+            held = cached_tokens(n, int(r.window) or None)
+            rows.append(dict(layout=f"{model} ({kind})", model=model, context=n, cached_tokens=held,
+                             GiB=held * r.measured_bf16_KiB_per_token * KiB / GiB))
     return rows
 
 

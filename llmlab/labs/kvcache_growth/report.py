@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from llmlab.core.results import Col, LabResult, View
+from llmlab.core.results import Chart, Col, LabResult, View
 from llmlab.labs.kvcache_growth.registry import context_label
 
 
@@ -34,7 +34,9 @@ def views(result: LabResult) -> list[View]:
               Col("measured_bf16_KiB_per_token", "KiB / token", ".0f"),
               Col(f"GiB_at_{gib_at}", f"GiB at {gib_at}", ".1f"),
               Col("cache_outweighs_weights_at_tokens", "= weights at tokens", "int"),
-              Col("max_concurrency", "requests here", ".1f"))),
+              Col("max_concurrency", "requests here", ".1f")),
+             chart=Chart("one request's KV cache vs context, per layout (log-log)", "kv_growth", "context", "GiB",
+                         series="layout", logx=True, logy=True, xlabel="context (tokens)", ylabel="GiB")),
         View("5. Cache dtypes", "Bytes per token of Llama 3 8B's cache in each storage format", "cache_dtypes",
              (Col("cache_dtype", "cache dtype", "text"), Col("bytes_per_value", "bytes / value", ".4g"),
               Col("scale_overhead_pct", "scales %", ".2f"), Col("KiB_per_token", "KiB / token", ".1f")),
