@@ -13,6 +13,8 @@ machine's drift hits all methods alike):
 4.-7. (`sweeps`) temperature (counted alpha vs analytic beta), draft-length policies at one draft budget
    (constant, +2/-1, confidence, oracle), a token tree vs chains (same depth, same verify budget), batch size.
 8. prompt lookup on input-grounded text (`lookup`); 9. the verify cost in cache and from DRAM (`regimes`).
+With --endpoint URL --baseline URL the lab is another one: speculative decoding on a running server against
+the same model served without it (endpoint.py, whole).
 
 run() measures (`lab`), judge() gives the verdicts from the tables alone (`verdicts`), views() and
 headline() are the report (`report`); `pair` loads the models, `harness` times them.
@@ -28,7 +30,8 @@ References:
 from __future__ import annotations
 
 from llmlab.core.device import Device
-from llmlab.core.results import LabResult
+from llmlab.core.results import Claim, LabResult, View
+from llmlab.labs.speculative import endpoint, report, verdicts
 from llmlab.labs.speculative.config import (
     GOAL_LOOKUP_CONTROL,
     GOAL_LOOKUP_GROUNDED,
@@ -40,16 +43,44 @@ from llmlab.labs.speculative.config import (
     VERSION,
     Config,
 )
-from llmlab.labs.speculative.report import headline, views
-from llmlab.labs.speculative.verdicts import judge
+
+
+def check(cfg: Config) -> Config:
+    """Before the run starts: both servers must answer, speak OpenAI's API and stream (else one line, exit 2)."""
+    return endpoint.discover(cfg) if cfg.endpoint else cfg
 
 
 def run(cfg: Config, device: Device, progress=None) -> LabResult:
     """Measures. Fills tables, env, notes and skipped. Never prints, never judges."""
+    if cfg.endpoint:  # two running servers, from the outside: no model is loaded here
+        res = LabResult.new(LAB, VERSION, cfg)
+        with res.guard():
+            endpoint.measure(cfg, res, progress)
+        return res
     from llmlab.labs.speculative import lab  # torch loads here: the CLI imports this package for its Config
 
     return lab.run(cfg, device, progress)
 
 
+def _of_endpoint(result: LabResult) -> bool:
+    return bool(result.config.get("endpoint"))
+
+
+def judge(result: LabResult) -> list[Claim]:
+    return endpoint.judge(result) if _of_endpoint(result) else verdicts.judge(result)
+
+
+def views(result: LabResult) -> list[View]:
+    return endpoint.views(result) if _of_endpoint(result) else report.views(result)
+
+
+def headline(result: LabResult, claims: list[Claim]) -> str:
+    return endpoint.headline(result, claims) if _of_endpoint(result) else report.headline(result, claims)
+
+
+def exit_code(result: LabResult) -> tuple[int, str] | None:
+    return endpoint.exit_code(result) if _of_endpoint(result) else None
+
+
 __all__ = ["GOAL_LOOKUP_CONTROL", "GOAL_LOOKUP_GROUNDED", "GOAL_LOOKUP_VS_HF", "GOAL_VS_HF_ASSISTED", "GOAL_VS_PLAIN",
-           "JUDGE_VERSION", "LAB", "VERSION", "Config", "headline", "judge", "run", "views"]
+           "JUDGE_VERSION", "LAB", "VERSION", "Config", "check", "exit_code", "headline", "judge", "run", "views"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from llmlab.core.config import opt
@@ -17,6 +18,7 @@ PREDICTION_TOLERANCE = 0.2  # "within 20% of Leviathan's prediction"
 BEST_GAMMA_OUTSIDE = 2  # the best-gamma claim is judged when >= 2 swept gammas lie beyond one step of the best
 TREE_TOL = 1e-3  # max |logit| difference between a tree forward and a plain forward of the path (FP32)
 DIST_TOKENS = 4  # the distribution test's output length: gamma 3 drafts positions 1-3, the bonus lands on 4
+ENDPOINT = "Against running servers"  # the --help group of the --endpoint options
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,26 @@ class Config:
     # ops this small gain nothing from more
     threads: int = opt(1, help="CPU only: torch threads (0 keeps torch's default).")
     seed: int = 0
+    endpoint: str | None = opt(None, panel=ENDPOINT,
+                               help="Measure speculative decoding on a running OpenAI-compatible server "
+                                    "(http://host:port: vLLM with --speculative-config, llama.cpp's llama-server "
+                                    "with -md, ...) against --baseline, the same model served without it: the same "
+                                    "prompts (quote, edit, open), greedy, one request at a time, the two servers "
+                                    "alternated; decode tokens/s, time per output token, TTFT, and whether the texts "
+                                    "are identical. Runs instead of the in-process lab; --model names the served "
+                                    "model.")
+    baseline: str | None = opt(None, panel=ENDPOINT,
+                               help="With --endpoint: the same model on a server without speculative decoding "
+                                    "(http://host:port; required with --endpoint).")
+    request_timeout: float = opt(120.0, panel=ENDPOINT, help="With --endpoint: seconds before a request counts as "
+                                                             "failed (> 0).")
+    api_key_env: str = opt("OPENAI_API_KEY", panel=ENDPOINT,
+                           help="With --endpoint: the NAME of the environment variable holding the API key of both "
+                                "servers (the key itself is never written anywhere).")
+    # What check() found at --endpoint and --baseline (two loadgen.probe.Server), for run() to measure without
+    # asking again. Not an option and never saved: it holds the request headers (the API key).
+    endpoint_found: object | None = dataclasses.field(default=None, repr=False, compare=False,
+                                                      metadata={"found": True})
 
     def __post_init__(self):
         if not isinstance(self.gamma, int) or self.gamma < 1:
@@ -135,6 +157,17 @@ class Config:
                 or self.dram_max_mb < 0:
             raise ValueError("--verify-ks must start at k = 1, --verify-samples >= 3, --dram-llc-multiple >= 1, "
                              "--dram-max-mb >= 0")
+        if (self.endpoint is None) != (self.baseline is None):
+            raise ValueError("--endpoint and --baseline go together: the server with speculative decoding and the "
+                             "same model served without it")
+        for name, url in (("--endpoint", self.endpoint), ("--baseline", self.baseline)):
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name} {url!r}: give an http(s) URL, e.g. http://127.0.0.1:8000")
+        if self.endpoint is not None and self.endpoint.rstrip("/") == self.baseline.rstrip("/"):
+            raise ValueError("--endpoint and --baseline are the same URL: give the server without speculative "
+                             "decoding as --baseline")
+        if not self.request_timeout > 0:
+            raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout}")
         if self.workload_prompts < 0:
             raise ValueError("--workload-prompts must be >= 0 (0 skips the quote and edit workloads)")
 
