@@ -202,7 +202,7 @@ def test_headline_says_lookup_misses_because_the_model_does_not_copy():
     _set(res, "lookup", "speedup", 1.2, lambda d: d.workload == "quote")
     line = lab.headline(res, lab.judge(res))
     assert "Lookup on quoted source: 1.20x; the model does not copy" in line
-    assert "27% right, as 26% the first time" in line
+    assert "repeat 27% right" in line
     assert "does not copy" not in lab.headline(_fixture(), [])  # a model that copies: nothing to explain
 
 

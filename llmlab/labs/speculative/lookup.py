@@ -67,5 +67,3 @@ def part_lookup(res: LabResult, pair: Pair, speed: Pair, cfg: Config, costs: dic
             tau = f * S.expected_tau(r["alpha"], max(1, round(g))) + (1 - f)  # a round without a draft: 1 token
             r["predicted_speedup"] = tau / (f * V.interpolate(curve, g + 1) + (1 - f))
     res.add_table("lookup", rows)
-    res.note(f"prompt lookup: n-grams {cfg.lookup_min_ngram}-{cfg.lookup_max_ngram}, {cfg.lookup_tokens} drafted; "
-             "quote/edit: stdlib source; open: held-out text")

@@ -30,7 +30,7 @@ def views(result: LabResult) -> list[View]:
              (Col("method", "method", "text", 16), Col("outcome", "outcome", "text", 18),
               Col("samples", "runs", "int"), Col("p_value", "p-value", ".3f"), Col("detectable_w", "w found", ".2f"),
               Col("passes", "passes"))),
-        View("2. Speed", f"Is speculative decoding faster than plain decoding here? Timed: {timed_models(result)}",
+        View("2. Speed", f"Is speculative decoding faster than plain decoding? Timed: {timed_models(result)}",
              "speed",
              (Col("method", "method", "text", 20), Col("gamma", "gamma", "int"), Col("tokens_per_s", "tokens / s"),
               Col("speedup", "x plain", "x"), Col("speedup_p10", "p10", "x"), Col("expected", "model", "x"))),
@@ -56,7 +56,8 @@ def views(result: LabResult) -> list[View]:
              (Col("batch", "batch", "int"), Col("alpha_per_row", "alpha", ".3f"),
               Col("tokens_per_round_min_rule", "tokens / round", ".2f"), Col("plain_tokens_per_s", "plain tokens / s"),
               Col("speedup", "x plain", "x"))),
-        View("8. Prompt lookup", "Does a draft-free lookup pay where the output re-uses the input?", "lookup",
+        View("8. Prompt lookup", f"Does a draft-free lookup ({_lookup_setting(result)}) pay where the output re-uses "
+             "the input (quote, edit: stdlib source; open: held-out text)?", "lookup",
              (Col("workload", "workload", "text", 14), Col("prompt_tokens", "prompt", ".0f"),
               Col("found_share", "found", "%"), Col("alpha", "alpha", ".2f"),
               Col("tokens_per_target_forward", "tokens / fwd", ".2f"),
@@ -124,6 +125,12 @@ def headline(result: LabResult, claims: list[Claim]) -> str:
     return f"{head} {why}{tail}"
 
 
+def _lookup_setting(result: LabResult) -> str:
+    c = result.config
+    lo, hi, k = c.get("lookup_min_ngram", 1), c.get("lookup_max_ngram", 2), c.get("lookup_tokens", 4)
+    return f"n-grams {lo}-{hi}, {k} drafted"
+
+
 def _lookup_why(result: LabResult) -> str:
     """One sentence on prompt lookup over quoted text, when it misses its goal because the model does not copy."""
     try:
@@ -134,5 +141,5 @@ def _lookup_why(result: LabResult) -> str:
         return ""
     if q >= GOAL_LOOKUP_GROUNDED or c["second_read"] >= COPY_MIN:
         return ""
-    return (f" Lookup on quoted source: {q:.2f}x; the model does not copy its input (a passage's repeat "
-            f"{c['second_read']:.0%} right, as {c['first_read']:.0%} the first time).")
+    return (f" Lookup on quoted source: {q:.2f}x; the model does not copy its input (a read passage's repeat "
+            f"{c['second_read']:.0%} right).")
