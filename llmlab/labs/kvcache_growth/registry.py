@@ -118,7 +118,11 @@ def part_registry(res: LabResult, model, device: Device, cfg: Config, progress) 
 
 def kv_by_length_rows(reg, cfg: Config) -> list[dict]:
     """Each model's cache for one request vs context length: measured bytes per token x cached tokens."""
-    lengths = sorted({1024, *cfg.contexts})
+    return _cache_rows(reg, sorted({1024, *cfg.contexts}))
+
+
+def _cache_rows(reg, lengths: list[int]) -> list[dict]:
+    """One request's cache of each registry row at each length: measured bytes per token x cached tokens."""
     rows = []
     for r in reg.itertuples():
         for n in lengths:
@@ -131,24 +135,19 @@ def kv_by_length_rows(reg, cfg: Config) -> list[dict]:
 
 # The chart's layouts: one model each for full multi-head attention, grouped-query attention and a sliding
 # window, beside the lab's own model (at most four series: the legend must fit the chart's height).
-GROWTH_LAYOUTS = (("llama-2-7b", "MHA"), ("llama-3-8b", "GQA"), ("mistral-7b", "window"))
+GROWTH_LAYOUTS = {"llama-2-7b": "MHA", "llama-3-8b": "GQA", "mistral-7b": "window"}
 
 
 def kv_growth_rows(reg, cfg: Config) -> list[dict]:
-    """The notebook growing with length, per layout: one request's cache (measured bytes per token x cached
-    tokens) at every power of two from 256 tokens to the longest context, for the chart."""
+    """The notebook growing with length, per layout: `_cache_rows` of the chart's models at every power of two
+    from 256 tokens to the longest context."""
     longest = max(cfg.contexts)
     lengths = [2**k for k in range(8, 40) if 2**k < longest] + [longest]
-    picks = [(reg.iloc[0].model, "this model")] if reg.iloc[0].model not in ARCHS else []
-    picks += [(m, kind) for m, kind in GROWTH_LAYOUTS if m in set(reg["model"])]
-    rows = []
-    for model, kind in picks:
-        r = reg[reg["model"] == model].iloc[0]
-        for n in lengths:
-            held = cached_tokens(n, int(r.window) or None)
-            rows.append(dict(layout=f"{model} ({kind})", model=model, context=n, cached_tokens=held,
-                             GiB=held * r.measured_bf16_KiB_per_token * KiB / GiB))
-    return rows
+    kinds = dict(GROWTH_LAYOUTS)
+    if reg.iloc[0].model not in ARCHS:  # the lab's --model, first in the registry table
+        kinds[reg.iloc[0].model] = "this model"
+    return [dict(r, layout=f"{r['model']} ({kinds[r['model']]})")
+            for r in _cache_rows(reg[reg["model"].isin(kinds)], lengths)]
 
 
 def _elem_size(dtype: str) -> int:
