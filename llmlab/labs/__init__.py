@@ -22,6 +22,12 @@ def module(lab: str) -> ModuleType:
     return importlib.import_module(f"llmlab.labs.{lab.replace('-', '_')}")
 
 
+def of_endpoint(result) -> bool:
+    """A run of a lab's --endpoint mode (ttft-breakdown, speculative): a lab of its own, with its own tables,
+    claims and views, which the lab's judge, views and headline hand to its endpoint module."""
+    return bool(result.config.get("endpoint"))
+
+
 def judged(result, mod: ModuleType | None = None):
     """(claims, views, headline) of `result` from its lab's current judge(), views() and headline().
 
