@@ -10,8 +10,10 @@ o projection) -> residual -> RMSNorm -> SwiGLU MLP -> residual. `layer_forward` 
 - `reduce(partial)`: the all-reduce of a row-split projection's partial sum, in place (tensor
   parallelism); None when the layer is whole (the engine).
 
-`layers_of(model, rank, world)` gives each layer's parts: at world 1 the model's own HF modules
-(Linear layers, so q/k/v biases and quantized Linears come with them); at world n rank `rank`'s
+`layers_of(model, rank, world)` gives each layer's parts: at world 1 the model's own weights, q/k/v
+and gate/up fused into one matmul each, stored input-major on the CPU (inference/linear.py: the
+modules' weights become views of the fused ones, so memory does not grow; biases come along;
+quantized Linears stay modules); at world n rank `rank`'s
 Megatron slices of the same weights (Shoeybi et al., "Megatron-LM", 2019, section 3): q/k/v
 and gate/up column-split, o and down row-split, their biases added once, after the all-reduce.
 RMSNorm and RoPE are computed as HF computes them (float32 norm, HF's own rotary module, so RoPE
@@ -31,11 +33,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-Proj = Callable[[torch.Tensor], torch.Tensor]
+from llmlab.inference.linear import Fused, Proj, Separate, Sliced, fuse, plain
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (N, H): x / rms(x) * weight, in float32 as HF computes it, back to x's dtype."""
+    """x (N, H): x / rms(x) * weight, in float32 as HF computes it, back to x's dtype (and only then times
+    the weight). In float32 that order changes nothing, so torch's one fused op does it (one op for six)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -62,28 +67,15 @@ def expand_kv(k: torch.Tensor, groups: int) -> torch.Tensor:
     return k if groups == 1 else k.repeat_interleave(groups, dim=1)
 
 
-class Sliced:
-    """A rank's slice of a Linear: y = x W_slice^T (+ b_slice)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
 @dataclass(frozen=True)
 class Layer:
     """One decoder layer's parts: projections as callables (HF modules, or a rank's slices)."""
 
     input_norm: torch.Tensor  # (hidden,) RMSNorm weight before attention
     post_norm: torch.Tensor  # (hidden,) RMSNorm weight before the MLP
-    q: Proj  # (N, hidden) -> (N, heads * D)
-    k: Proj  # (N, hidden) -> (N, kv_heads * D)
-    v: Proj
+    qkv: Fused | Separate  # (N, hidden) -> q (N, heads * D), k and v (N, kv_heads * D)
     o: Proj  # (N, heads * D) -> (N, hidden): a partial sum when row-split
-    gate: Proj  # (N, hidden) -> (N, intermediate): this rank's columns
-    up: Proj
+    gate_up: Fused | Separate  # (N, hidden) -> gate and up (N, intermediate): this rank's columns
     down: Proj  # (N, intermediate) -> (N, hidden): a partial sum when row-split
     act: Callable[[torch.Tensor], torch.Tensor]  # the MLP's activation (SiLU for SwiGLU)
     q_norm: Proj | None  # Qwen3: RMSNorm over head_dim before RoPE; None elsewhere
@@ -103,10 +95,12 @@ def head_counts(config) -> tuple[int, int, int]:
 
 
 def _whole(layer, heads: int, kv: int, hd: int) -> Layer:
+    """The whole layer: q/k/v and gate/up fused (one matmul each instead of five), o and down as weights."""
     a, m = layer.self_attn, layer.mlp
-    return Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, a.q_proj, a.k_proj, a.v_proj,
-                 a.o_proj, m.gate_proj, m.up_proj, m.down_proj, m.act_fn, getattr(a, "q_norm", None),
-                 getattr(a, "k_norm", None), heads, kv, hd)
+    return Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                 fuse(a, "_llmlab_qkv", [a.q_proj, a.k_proj, a.v_proj]), plain(a.o_proj),
+                 fuse(m, "_llmlab_gate_up", [m.gate_proj, m.up_proj]), plain(m.down_proj), m.act_fn,
+                 getattr(a, "q_norm", None), getattr(a, "k_norm", None), heads, kv, hd)
 
 
 def _column(lin, sl: slice) -> Sliced:
@@ -121,8 +115,8 @@ def _shard(layer, rank: int, world: int, heads: int, kv: int, hd: int, inter: in
     i_sl = slice(rank * inter // world, (rank + 1) * inter // world)
     a, m = layer.self_attn, layer.mlp
     return Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                 _column(a.q_proj, q_sl), _column(a.k_proj, kv_sl), _column(a.v_proj, kv_sl),
-                 Sliced(a.o_proj.weight[:, q_sl]), _column(m.gate_proj, i_sl), _column(m.up_proj, i_sl),
+                 Separate(_column(a.q_proj, q_sl), _column(a.k_proj, kv_sl), _column(a.v_proj, kv_sl)),
+                 Sliced(a.o_proj.weight[:, q_sl]), Separate(_column(m.gate_proj, i_sl), _column(m.up_proj, i_sl)),
                  Sliced(m.down_proj.weight[:, i_sl]), m.act_fn, getattr(a, "q_norm", None),
                  getattr(a, "k_norm", None), hq, hkv, hd, o_bias=a.o_proj.bias, down_bias=m.down_proj.bias)
 
@@ -154,13 +148,15 @@ def layer_forward(x: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.T
     """x (N, hidden) -> (N, hidden) through one decoder layer; cos/sin (N, 1, D) from `rope`."""
     n = x.shape[0]
     h = rms_norm(x, layer.input_norm, eps)
-    q = layer.q(h).view(n, layer.heads, layer.head_dim)  # (N, Hq, D)
-    k = layer.k(h).view(n, layer.kv_heads, layer.head_dim)  # (N, Hkv, D)
-    v = layer.v(h).view(n, layer.kv_heads, layer.head_dim)
+    q, k, v = layer.qkv(h)
+    q = q.view(n, layer.heads, layer.head_dim)  # (N, Hq, D)
+    k = k.view(n, layer.kv_heads, layer.head_dim)  # (N, Hkv, D)
+    v = v.view(n, layer.kv_heads, layer.head_dim)
     if layer.q_norm is not None:
         q, k = layer.q_norm(q), layer.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     o = attend(q, k, v)  # (N, Hq, D)
     x = x + _project_out(layer.o, layer.o_bias, o.reshape(n, layer.heads * layer.head_dim), reduce)
     h = rms_norm(x, layer.post_norm, eps)
-    return x + _project_out(layer.down, layer.down_bias, layer.act(layer.gate(h)) * layer.up(h), reduce)
+    gate, up = layer.gate_up(h)
+    return x + _project_out(layer.down, layer.down_bias, layer.act(gate) * up, reduce)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from llmlab.inference.linear import plain
 from llmlab.inference.llama import expand_kv, head_counts, layer_forward, layers_of, rms_norm, rope
 
 
@@ -73,6 +74,7 @@ class ModelRunner:
         self.model = model
         self.base = model.model  # LlamaModel (or Qwen2Model, MistralModel): embed_tokens, layers, norm, rotary_emb
         self.layers = layers_of(model)
+        self.lm_head = plain(model.lm_head, self.base.embed_tokens)  # the embedding when tied to it
         self.n_heads, self.n_kv, self.head_dim = head_counts(cfg)
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim**-0.5
@@ -172,4 +174,4 @@ class ModelRunner:
         for li, layer in enumerate(self.layers):
             x = layer_forward(x, layer, cos, sin, self.eps, lambda q, k, v, li=li: self.attention(li, q, k, v, b))
         x = rms_norm(x[b.logit_rows], self.base.norm.weight, self.eps)  # (M, hidden): the LM head only where needed
-        return self.model.lm_head(x).float()  # (M, V)
+        return self.lm_head(x).float()  # (M, V)

@@ -1,0 +1,62 @@
+"""How the engine holds Linear layers (inference/linear.py): fused and re-stored without changing a value,
+without a second copy of a weight, and with the model's own forward unchanged afterwards."""
+
+from __future__ import annotations
+
+import torch
+
+from llmlab.core.models import load
+from llmlab.inference.linear import Fused, Separate, fuse, plain
+from llmlab.inference.llama import layers_of
+from llmlab.serving.engine.llm_engine import Engine, EngineConfig, hf_logits
+
+
+def linears(out_sizes, inp=16, bias=False, seed=0):
+    torch.manual_seed(seed)
+    return [torch.nn.Linear(inp, n, bias=bias) for n in out_sizes]
+
+
+def test_fused_outputs_equal_the_separate_projections_and_share_one_weight():
+    owner = torch.nn.Module()
+    mods = linears([8, 4, 4], bias=True)
+    x = torch.randn(5, 16)
+    want = [m(x) for m in mods]
+    fused = fuse(owner, "_qkv", mods)
+    assert isinstance(fused, Fused)
+    for got, exp, m in zip(fused(x), want, mods, strict=True):
+        torch.testing.assert_close(got, exp)
+        torch.testing.assert_close(m(x), exp)  # the module still computes the same through its view
+        assert m.weight.untyped_storage().data_ptr() == fused.proj.weight.untyped_storage().data_ptr()
+    # CPU: stored input-major, so F.linear runs x @ (in, out)
+    assert fused.proj.weight.t().is_contiguous()
+    assert fuse(owner, "_qkv", mods) is fused  # a second engine on the same model reuses it
+
+
+def test_what_cannot_fuse_stays_separate():
+    owner = torch.nn.Module()
+    mixed = linears([4, 4]) + linears([4], bias=True)
+    assert isinstance(fuse(owner, "_mixed", mixed), Separate)
+
+    class Quantized(torch.nn.Linear):  # any Linear subclass (a quantized one) is called as a module
+        pass
+
+    q = Quantized(16, 4)
+    sep = fuse(owner, "_q", [q, *linears([4])])
+    assert isinstance(sep, Separate) and sep.projs[0] is q
+    assert plain(q) is q
+
+
+def test_tied_embedding_stays_tied_and_hf_forward_is_unchanged():
+    lm = load("tiny", "cpu")
+    model = lm.model
+    prompt = list(range(5, 30))
+    before = hf_logits(model, prompt)
+    n_params = sum(p.numel() for p in model.parameters())
+    Engine(model, EngineConfig(num_blocks=8))
+    Engine(model, EngineConfig(num_blocks=8))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert sum(p.numel() for p in model.parameters()) == n_params  # no parameter added or duplicated
+    layer = layers_of(model)[0]
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == layer.qkv.proj.weight.untyped_storage().data_ptr()
+    torch.testing.assert_close(hf_logits(model, prompt), before, atol=1e-4, rtol=0)
