@@ -94,6 +94,19 @@ def test_micro_training_is_reproducible(tmp_path):
     assert a.target_losses == b.target_losses
 
 
+def test_copy_probe_is_logged_and_changes_no_step():
+    cfg = dataclasses.replace(train.TrainConfig.micro(), target_steps=12)
+    data = train.build_data(cfg)
+    probes, seen = [], []
+    _, probed = train.train_target(dataclasses.replace(cfg, probe_every=5), data,
+                                   on_step=lambda *a: seen.append(a), probes=probes)
+    _, plain = train.train_target(dataclasses.replace(cfg, probe_every=0), data, probes=[])
+    assert probed == plain  # the probe reads no training data and draws from its own generator
+    assert [step for step, _ in probes] == [5, 10, 12]  # every 5 steps and after the last
+    assert all(0.0 <= share <= 1.0 for _, share in probes)
+    assert [a[4] for a in seen if a[4] is not None] == [share for _, share in probes]
+
+
 def test_target_beats_draft_on_heldout(pair, heldout):
     target, draft, _ = pair
     lt = evaluate.heldout_loss(target, heldout, max_tokens=4096)

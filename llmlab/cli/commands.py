@@ -250,11 +250,14 @@ def tiny_train(
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=err)
     tasks: dict[str, int] = {}
 
-    def on_step(phase: str, step: int, total: int, loss: float) -> None:
+    def on_step(phase: str, step: int, total: int, loss: float, copy: float | None = None) -> None:
         if phase not in tasks:
             label = "tiny (cross-entropy)" if phase == "target" else "tiny-draft (KL to tiny)"
             tasks[phase] = progress.add_task(label, total=total, loss="-")
         progress.update(tasks[phase], completed=step, total=total, loss=f"{loss:.3f}")
+        if copy is not None:  # the induction-head probe: say it whether or not the output is a terminal
+            progress.console.print(f"{phase} step {step}: copies {copy:.0%} of a random passage read twice "
+                                   "(the goal at the end: 80%)", highlight=False)
         if not err.is_terminal and (step % 25 == 0 or step == total):  # a log file (nohup): one line per 25 steps
             now = datetime.now(timezone.utc)
             err.print(f"{now:%H:%M:%S} {phase} step {step}/{total} loss {loss:.3f}", highlight=False)

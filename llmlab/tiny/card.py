@@ -11,6 +11,7 @@ References:
 from __future__ import annotations
 
 import json
+import math
 import platform
 import re
 import time
@@ -232,11 +233,24 @@ def _training_lines(payload: dict) -> list[str]:
         f"T = {cfg['distill_temperature']}) at peak LR {cfg['draft_lr']} in {report['draft_seconds'] / 60:.1f} min; "
         f"final KL {payload['final_train_kl_draft']:.3f} nats/token.",
         *_curriculum_lines(cfg, report),
+        *_probe_lines(report),
         f"- Reproduce: `llmlab tiny train --out DIR --target-steps {report['target_steps']} "
         f"--draft-steps {report['draft_steps']} --threads {cfg['threads'] or 1}` (seed {cfg['seed']}; same Python "
         f"and torch for the same bits).",
         "",
     ]
+
+
+def _probe_lines(report: dict) -> list[str]:
+    """The copy probe during training (TrainConfig.probe_every), at most 12 points of it."""
+    probes = report.get("target_copy_probe") or []
+    if not probes:
+        return []
+    shown = probes[:: max(1, math.ceil(len(probes) / 12))]
+    shown += [] if shown[-1] == probes[-1] else [probes[-1]]
+    curve = ", ".join(f"{step}: {share:.2f}" for step, share in shown)
+    return [f"- Copy probe during training (the share of a random passage's second reading `tiny` predicts, "
+            f"at step): {curve}."]
 
 
 def _quality_lines(m: dict) -> list[str]:

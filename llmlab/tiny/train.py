@@ -119,6 +119,12 @@ class TrainConfig:
     target_share: float = 0.8  # of the budget, for the target (a draft step costs ~2/5 of a target step)
     threads: int | None = None  # torch threads; None keeps torch's default (the shipped run used 1)
     eval_tokens: int = 32_768  # held-out tokens for the loss: a stable estimate in seconds
+    # Every probe_every target steps (0: never), the induction-head test on probe_passages passages of 64
+    # random ids read twice: the share of the second reading the target predicts. Copying forms in a phase
+    # change, so the curve says whether a run has it long before the end. It reads no training data and
+    # draws from its own generator: the run's steps are the same with or without it.
+    probe_every: int = 100
+    probe_passages: int = 8
 
     @classmethod
     def micro(cls) -> TrainConfig:
@@ -140,8 +146,8 @@ class Data:
     heldout_bytes: int
 
 
-# progress callback: (phase, step, total_steps, loss)
-OnStep = Callable[[str, int, int, float], None]
+# progress callback: (phase, step, total_steps, loss, copy probe at this step or None)
+OnStep = Callable[[str, int, int, float, "float | None"], None]
 
 
 def build_data(cfg: TrainConfig) -> Data:
@@ -269,10 +275,22 @@ def resized_total(done: int, elapsed: float, pace: float, budget_s: float, cfg: 
     return max(fits, keep)
 
 
+def copy_probe(model, cfg: TrainConfig) -> float:
+    """The induction-head test (evaluate.repeat_accuracy on random ids), in eval mode, back to train mode."""
+    from llmlab.tiny.evaluate import random_passages, repeat_accuracy
+
+    model.eval()
+    passages = random_passages(cfg.vocab_size, n=cfg.probe_passages, length=min(64, cfg.seq_len // 2))
+    share = repeat_accuracy(model, passages)["second_read"]
+    model.train()
+    return share
+
+
 def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, phase: str, on_step: OnStep | None,
-         budget_s: float | None = None):
+         budget_s: float | None = None, probes: list | None = None):
     """Train for total steps; with budget_s, total is re-sized from the recent pace every resize_every
-    steps after the warm-up, until the decay starts."""
+    steps after the warm-up, until the decay starts. probes (a list): (step, copy_probe) appended every
+    cfg.probe_every steps and after the last."""
     import torch
 
     opt = _optimizer(model, lr, cfg)
@@ -294,8 +312,12 @@ def _run(model, step_fn, total: int, lr: float, cfg: TrainConfig, data_iter, pha
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         losses.append(loss.item())
+        copy_share = None
+        if probes is not None and cfg.probe_every and ((step + 1) % cfg.probe_every == 0 or step + 1 == total):
+            copy_share = copy_probe(model, cfg)
+            probes.append((step + 1, copy_share))
         if on_step:
-            on_step(phase, step + 1, total, losses[-1])
+            on_step(phase, step + 1, total, losses[-1], copy_share)
         step += 1
         stamps.append(time.perf_counter())
     model.eval()
@@ -317,15 +339,17 @@ def _seconds_per_step(model, step_fn, cfg: TrainConfig, data_iter) -> float:
     return sorted(times[1:])[1]  # the median of 3 after a warm-up step
 
 
-def train_target(cfg: TrainConfig, data: Data, on_step: OnStep | None = None, budget_s: float | None = None):
-    """budget_s (with cfg.minutes): seconds for this phase; steps sized from a trial step, re-sized after warm-up."""
+def train_target(cfg: TrainConfig, data: Data, on_step: OnStep | None = None, budget_s: float | None = None,
+                 probes: list | None = None):
+    """budget_s (with cfg.minutes): seconds for this phase; steps sized from a trial step, re-sized after warm-up.
+    probes: a list the copy probe's (step, share) go into (see TrainConfig.probe_every)."""
     model = new_model(cfg.target, cfg.vocab_size, cfg.seed)
     steps = cfg.target_steps
     if budget_s is not None:
         sec = _seconds_per_step(model, _ce_step, cfg, batches(data.train_ids, cfg, cfg.seed + 100))
         steps = max(5 * cfg.warmup_steps, int(budget_s / sec))  # a full warm-up from the first step
     losses = _run(model, lambda b: _ce_step(model, b), steps, cfg.target_lr, cfg,
-                  batches(data.train_ids, cfg, cfg.seed), "target", on_step, budget_s)
+                  batches(data.train_ids, cfg, cfg.seed), "target", on_step, budget_s, probes)
     return model, losses
 
 
@@ -366,6 +390,7 @@ class TrainReport:
     heldout_tokens: int
     train_bytes: int
     heldout_bytes: int
+    target_copy_probe: list = field(default_factory=list)  # (step, share of a random passage's second reading)
     extra: dict = field(default_factory=dict)
 
 
@@ -379,7 +404,8 @@ def train_pair(cfg: TrainConfig, out: Path, on_step: OnStep | None = None) -> tu
     data = build_data(cfg)
     budget = cfg.minutes * 60 if cfg.minutes is not None else None
     t0 = time.perf_counter()
-    target, t_losses = train_target(cfg, data, on_step, budget and budget * cfg.target_share)
+    probes: list = []
+    target, t_losses = train_target(cfg, data, on_step, budget and budget * cfg.target_share, probes)
     t1 = time.perf_counter()
     save_model(target, data.tokenizer, out / "tiny")
     # the draft gets what the target left of the budget (a slow target phase shortens it, not the deadline)
@@ -389,5 +415,5 @@ def train_pair(cfg: TrainConfig, out: Path, on_step: OnStep | None = None) -> tu
     cfg_dict = asdict(replace(cfg, target_steps=len(t_losses), draft_steps=len(d_losses), minutes=None))
     report = TrainReport(cfg_dict, len(t_losses), len(d_losses), t_losses, d_losses, t1 - t0, t2 - t1,
                          data.corpus_sha256, len(data.train_ids), len(data.heldout_ids),
-                         data.train_bytes, data.heldout_bytes)
+                         data.train_bytes, data.heldout_bytes, probes)
     return report, data
