@@ -3,12 +3,13 @@ without a second copy of a weight, and with the model's own forward unchanged af
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from llmlab.core.models import load
 from llmlab.inference.linear import Fused, Separate, fuse, plain
 from llmlab.inference.llama import layers_of
-from llmlab.serving.engine.llm_engine import Engine, EngineConfig, hf_logits
+from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact, hf_logits
 
 
 def linears(out_sizes, inp=16, bias=False, seed=0):
@@ -60,3 +61,18 @@ def test_tied_embedding_stays_tied_and_hf_forward_is_unchanged():
     attn = model.model.layers[0].self_attn
     assert attn.q_proj.weight.untyped_storage().data_ptr() == layer.qkv.proj.weight.untyped_storage().data_ptr()
     torch.testing.assert_close(hf_logits(model, prompt), before, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_engine_exact_for_biased_and_normed_projections(family):
+    """Qwen2's q/k/v carry biases (fused with them); Qwen3 has q/k norms before RoPE (q/k/v fused, RoPE per
+    projection): both against HF's own forward, on random weights."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    cls, config = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[family]
+    torch.manual_seed(0)
+    model = cls(config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)).eval()
+    report = check_exact(Engine(model, EngineConfig(num_blocks=32)), [list(range(1, 20)), list(range(5, 40))],
+                         max_new_tokens=5)
+    assert report["max_abs_logit_diff"] <= 1e-4 and report["greedy_tokens_equal"]

@@ -148,13 +148,17 @@ def layer_forward(x: torch.Tensor, layer: Layer, cos: torch.Tensor, sin: torch.T
     """x (N, hidden) -> (N, hidden) through one decoder layer; cos/sin (N, 1, D) from `rope`."""
     n = x.shape[0]
     h = rms_norm(x, layer.input_norm, eps)
-    q, k, v = layer.qkv(h)
-    q = q.view(n, layer.heads, layer.head_dim)  # (N, Hq, D)
-    k = k.view(n, layer.kv_heads, layer.head_dim)  # (N, Hkv, D)
-    v = v.view(n, layer.kv_heads, layer.head_dim)
-    if layer.q_norm is not None:
-        q, k = layer.q_norm(q), layer.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    hq, hkv, d = layer.heads, layer.kv_heads, layer.head_dim
+    if isinstance(layer.qkv, Fused) and layer.q_norm is None:  # q and k side by side: RoPE once for both
+        out = layer.qkv.proj(h)  # (N, (Hq + 2 Hkv) * D)
+        qk = apply_rope(out[:, : (hq + hkv) * d].view(n, hq + hkv, d), cos, sin)
+        q, k, v = qk[:, :hq], qk[:, hq:], out[:, (hq + hkv) * d :].view(n, hkv, d)  # (N, Hq, D), (N, Hkv, D) x2
+    else:
+        q, k, v = layer.qkv(h)
+        q, k, v = q.view(n, hq, d), k.view(n, hkv, d), v.view(n, hkv, d)
+        if layer.q_norm is not None:
+            q, k = layer.q_norm(q), layer.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     o = attend(q, k, v)  # (N, Hq, D)
     x = x + _project_out(layer.o, layer.o_bias, o.reshape(n, layer.heads * layer.head_dim), reduce)
     h = rms_norm(x, layer.post_norm, eps)

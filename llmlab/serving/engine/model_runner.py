@@ -154,6 +154,8 @@ class ModelRunner:
         vc[b.slots] = v
         kb = kc.view(-1, self.block_size, self.n_kv, self.head_dim)  # (blocks, B, Hkv, D)
         vb = vc.view(-1, self.block_size, self.n_kv, self.head_dim)
+        if not b.prefills:  # every row a decode, in order (build_batch): no scatter into a fresh output
+            return self.decode_attention(q, kb, vb, b.decode_tables, b.decode_lens, b.decode_len)
         o = torch.empty_like(q)  # (N, Hq, D)
         for start, n_new, ctx, table in b.prefills:
             k_all = kb.index_select(0, table).view(-1, self.n_kv, self.head_dim)[:ctx]  # (ctx, Hkv, D)
