@@ -1,7 +1,7 @@
 """How the engine holds a model's Linear layers: as weights it calls directly, fused where they share an input,
 stored input-major on the CPU. The values never change, only how they are laid out and called.
 
-- `Sliced`: y = x W^T (+ b) by F.linear, without the module call (its hook checks cost ~1 us a call, and a
+- `Sliced`: y = x W^T (+ b) by F.linear, without the module call (whose hook checks run on every call; a
   decode step of a small model makes dozens).
 - `fuse`: projections that read the same input (q/k/v, gate/up) as one matmul: one weight read, one call
   instead of three or two. The modules' weights become views of the fused tensor, so memory does not grow.
