@@ -28,6 +28,25 @@ def of_endpoint(result) -> bool:
     return bool(result.config.get("endpoint"))
 
 
+def endpoint_hooks(endpoint: ModuleType, verdicts: ModuleType, report: ModuleType):
+    """(judge, views, headline, exit_code) of a lab with an --endpoint mode: a run of that mode goes to the
+    lab's endpoint module, any other to its verdicts (judge) and report (views, headline; no exit code)."""
+
+    def judge(result):
+        return (endpoint if of_endpoint(result) else verdicts).judge(result)
+
+    def views(result):
+        return (endpoint if of_endpoint(result) else report).views(result)
+
+    def headline(result, claims) -> str:
+        return (endpoint if of_endpoint(result) else report).headline(result, claims)
+
+    def exit_code(result) -> tuple[int, str] | None:
+        return endpoint.exit_code(result) if of_endpoint(result) else None
+
+    return judge, views, headline, exit_code
+
+
 def judged(result, mod: ModuleType | None = None):
     """(claims, views, headline) of `result` from its lab's current judge(), views() and headline().
 

@@ -30,8 +30,8 @@ References:
 from __future__ import annotations
 
 from llmlab.core.device import Device
-from llmlab.core.results import Claim, LabResult, View
-from llmlab.labs import of_endpoint
+from llmlab.core.results import LabResult
+from llmlab.labs import endpoint_hooks
 from llmlab.labs.speculative import endpoint, report, verdicts
 from llmlab.labs.speculative.config import (
     GOAL_LOOKUP_CONTROL,
@@ -63,20 +63,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     return lab.run(cfg, device, progress)
 
 
-def judge(result: LabResult) -> list[Claim]:
-    return endpoint.judge(result) if of_endpoint(result) else verdicts.judge(result)
-
-
-def views(result: LabResult) -> list[View]:
-    return endpoint.views(result) if of_endpoint(result) else report.views(result)
-
-
-def headline(result: LabResult, claims: list[Claim]) -> str:
-    return endpoint.headline(result, claims) if of_endpoint(result) else report.headline(result, claims)
-
-
-def exit_code(result: LabResult) -> tuple[int, str] | None:
-    return endpoint.exit_code(result) if of_endpoint(result) else None
+judge, views, headline, exit_code = endpoint_hooks(endpoint, verdicts, report)  # by config.endpoint
 
 
 __all__ = ["GOAL_LOOKUP_CONTROL", "GOAL_LOOKUP_GROUNDED", "GOAL_LOOKUP_VS_HF", "GOAL_VS_HF_ASSISTED", "GOAL_VS_PLAIN",

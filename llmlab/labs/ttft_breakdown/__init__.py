@@ -32,8 +32,8 @@ References:
 from __future__ import annotations
 
 from llmlab.core.device import Device
-from llmlab.core.results import Claim, LabResult, View
-from llmlab.labs import of_endpoint
+from llmlab.core.results import LabResult
+from llmlab.labs import endpoint_hooks
 from llmlab.labs.ttft_breakdown import endpoint, local, report, verdicts
 from llmlab.labs.ttft_breakdown.cold import ColdWeights
 from llmlab.labs.ttft_breakdown.config import Config
@@ -64,20 +64,7 @@ def run(cfg: Config, device: Device, progress=None) -> LabResult:
     return res
 
 
-def judge(result: LabResult) -> list[Claim]:
-    return endpoint.judge(result) if of_endpoint(result) else verdicts.judge(result)
-
-
-def views(result: LabResult) -> list[View]:
-    return endpoint.views(result) if of_endpoint(result) else report.views(result)
-
-
-def headline(result: LabResult, claims: list[Claim]) -> str:
-    return endpoint.headline(result, claims) if of_endpoint(result) else report.headline(result, claims)
-
-
-def exit_code(result: LabResult) -> tuple[int, str] | None:
-    return endpoint.exit_code(result) if of_endpoint(result) else None
+judge, views, headline, exit_code = endpoint_hooks(endpoint, verdicts, report)  # by config.endpoint
 
 
 __all__ = ["HARNESS_PCT", "JUDGE_VERSION", "LAB", "VERSION", "ColdWeights", "Config", "Ctx", "_sweep_lengths",
