@@ -69,7 +69,8 @@ def expand_kv(k: torch.Tensor, groups: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Layer:
-    """One decoder layer's parts: projections as callables (HF modules, or a rank's slices)."""
+    """One decoder layer's parts: projections as callables (weights, fused weights, a rank's slices, or quantized
+    modules: inference/linear.py)."""
 
     input_norm: torch.Tensor  # (hidden,) RMSNorm weight before attention
     post_norm: torch.Tensor  # (hidden,) RMSNorm weight before the MLP
