@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llmlab.core.models import load
-from llmlab.inference.linear import Fused, Separate, fuse, plain
+from llmlab.inference.linear import Fused, Separate, Sliced, fuse, plain
 from llmlab.inference.llama import layers_of
 from llmlab.serving.engine.llm_engine import Engine, EngineConfig, check_exact, hf_logits
 
@@ -31,6 +31,21 @@ def test_fused_outputs_equal_the_separate_projections_and_share_one_weight():
     # CPU: stored input-major, so F.linear runs x @ (in, out)
     assert fused.proj.weight.t().is_contiguous()
     assert fuse(owner, "_qkv", mods) is fused  # a second engine on the same model reuses it
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_packed_weight_computes_the_linear_for_any_rows_and_follows_in_place_writes():
+    """On the CPU a float32 weight carries oneDNN's packed copy, used from two rows on (one row is MKL's GEMV):
+    the same values as F.linear for 1, 2, 33 and 600 rows and a batch of sequences, a strided input, a bias;
+    and a weight written in place (load_state_dict) is packed again, not served stale."""
+    lin = linears([24], inp=40, bias=True)[0]
+    proj = plain(lin)
+    assert isinstance(proj, Sliced) and proj.packed is not None
+    for x in (torch.randn(1, 40), torch.randn(2, 40), torch.randn(33, 40), torch.randn(600, 40),
+              torch.randn(3, 7, 40), torch.randn(9, 80)[:, ::2]):
+        torch.testing.assert_close(proj(x), torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+    lin.load_state_dict({"weight": torch.ones(24, 40), "bias": torch.zeros(24)})
+    torch.testing.assert_close(proj(torch.ones(4, 40)), torch.full((4, 24), 40.0))
 
 
 def test_what_cannot_fuse_stays_separate():
