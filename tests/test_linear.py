@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from llmlab.core.models import load
 from llmlab.inference.linear import Fused, Separate, Sliced, fuse, plain
@@ -43,7 +44,7 @@ def test_packed_weight_computes_the_linear_for_any_rows_and_follows_in_place_wri
     assert isinstance(proj, Sliced) and proj.packed is not None
     for x in (torch.randn(1, 40), torch.randn(2, 40), torch.randn(33, 40), torch.randn(600, 40),
               torch.randn(3, 7, 40), torch.randn(9, 80)[:, ::2]):
-        torch.testing.assert_close(proj(x), torch.nn.functional.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(proj(x), F.linear(x, lin.weight, lin.bias), atol=1e-5, rtol=1e-5)
     lin.load_state_dict({"weight": torch.ones(24, 40), "bias": torch.zeros(24)})
     torch.testing.assert_close(proj(torch.ones(4, 40)), torch.full((4, 24), 40.0))
 
@@ -91,3 +92,25 @@ def test_engine_exact_for_biased_and_normed_projections(family):
     report = check_exact(Engine(model, EngineConfig(num_blocks=32)), [list(range(1, 20)), list(range(5, 40))],
                          max_new_tokens=5)
     assert report["max_abs_logit_diff"] <= 1e-4 and report["greedy_tokens_equal"]
+
+
+def test_cpu_gemv_computes_one_row_like_f_linear_for_every_layout_the_engine_makes(monkeypatch):
+    """The compiled single-row GEMV (inference/cpu_gemv.py): the same values as F.linear for an input-major
+    weight, a rank's column slice of one (row stride != width), with and without bias, odd sizes (a tail
+    shorter than the 8-row pass); with LLMLAB_CPU_GEMV=0 or no compiler the engine's Sliced uses torch's."""
+    from llmlab.inference import cpu_gemv
+
+    fn = cpu_gemv.kernel()
+    if fn is None:
+        pytest.skip("no C compiler here: the engine uses torch's GEMV")
+    torch.manual_seed(0)
+    full = torch.randn(40, 29).t().contiguous().t()  # (out 40, in 29) stored input-major
+    for w, b in ((full, None), (full, torch.randn(40)), (full[8:19], torch.randn(11)), (full[:, 3:20], None)):
+        assert cpu_gemv.usable(w)
+        x = torch.randn(1, w.shape[1])
+        torch.testing.assert_close(cpu_gemv.gemv(fn, x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(Sliced(w, b)(x[None]), F.linear(x[None], w, b), atol=1e-5, rtol=1e-5)
+    assert not cpu_gemv.usable(torch.randn(40, 29))  # (out, in) row-major: not the layout it reads
+    monkeypatch.setenv("LLMLAB_CPU_GEMV", "0")
+    monkeypatch.setattr(cpu_gemv, "_state", {})
+    assert cpu_gemv.kernel() is None and Sliced(full).gemv is None
