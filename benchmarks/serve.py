@@ -11,7 +11,10 @@ This script starts `llmlab serve` (the built-in `tiny`, on the CPU, on a free po
 waits for /health) and measures it at every C; with --peer URL it measures the peer too, with the
 same client and the same payloads: one server after the other, never both under load (the idle one
 waits). --repeats N makes N passes, the order flipped each pass, each pass with new prompts; the
-table shows medians. The peer is not started here (llama.cpp's recipe: benchmarks/llamacpp.sh).
+table shows medians. The prompts are drawn from --seed, new for every run unless given (printed, so a run can
+be repeated): a peer that stays up between runs keeps its prompt caches (llama-server's slots do), and a
+prompt it saw in an earlier run would reach it prefilled. The peer is not started here (llama.cpp's recipe:
+benchmarks/llamacpp.sh).
 With a peer it prints llmlab / peer (the median of the passes' ratios) against the serving goals,
 each marked met or missed:
 - concurrency 1: output tokens/s >= 0.5x the peer's;
@@ -92,26 +95,26 @@ def vocab_size() -> int:
     return json.loads((TINY / "config.json").read_text())["vocab_size"]
 
 
-def payloads(n: int, prompt_len: int, new_tokens: int, seed: int) -> list[dict]:
+def payloads(n: int, prompt_len: int, new_tokens: int, seed: tuple[int, int]) -> list[dict]:
     """n requests of `prompt_len` random token ids (id 0 is tiny's only special token: left out)."""
-    rng = random.Random(seed)
+    rng = random.Random(f"{seed[0]}/{seed[1]}")
     vocab = vocab_size()
     return [{"prompt": [rng.randrange(1, vocab) for _ in range(prompt_len)], "max_tokens": new_tokens,
              "temperature": 0.0, "ignore_eos": True} for _ in range(n)]
 
 
 def measure(base: str, api_key_env: str | None, *, args, label: str, pass_no: int) -> dict[int, dict]:
-    """Warm-up, then every concurrency: {C: the row of metrics}. The prompts depend on (pass, C) only: the same
-    for both servers, new in every pass (a prompt seen before would hit a prefix cache)."""
+    """Warm-up, then every concurrency: {C: the row of metrics}. The prompts depend on (seed, pass, C) only: the
+    same for both servers, new in every pass (a prompt seen before would hit a prefix cache)."""
     url = base.rstrip("/") + "/v1/completions"
     top = max(args.concurrency)
     load = lambda ps, c, w: asyncio.run(run_load(url, ps, concurrency=c, warmup=w, timeout_s=args.timeout,  # noqa: E731
                                                  api_key_env=api_key_env))
-    load(payloads(top, args.prompt_len, args.new_tokens, seed=10_000 + pass_no), top, 2)
+    load(payloads(top, args.prompt_len, args.new_tokens, seed=(args.seed, 10_000 + pass_no)), top, 2)
     rows = {}
     for c in args.concurrency:
         n = max(c * args.rounds, args.min_requests)
-        run = load(payloads(n, args.prompt_len, args.new_tokens, seed=1_000 * pass_no + c), c, 0)
+        run = load(payloads(n, args.prompt_len, args.new_tokens, seed=(args.seed, 1_000 * pass_no + c)), c, 0)
         timed = [r for r in run.records if not r.warmup]
         bad = [r for r in timed if r.ok and (r.output_tokens != args.new_tokens or r.prompt_tokens != args.prompt_len)]
         for r in bad:  # counted as failed: the comparison is of 40 + 64 token requests only
@@ -210,9 +213,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=1, help="passes over both servers, order flipped each pass")
     ap.add_argument("--threads", type=int, default=1, help="llmlab serve's OMP_NUM_THREADS (torch threads)")
     ap.add_argument("--cpus", default=None, help="pin llmlab serve to these CPUs (taskset -c LIST), e.g. 0")
+    ap.add_argument("--seed", type=int, default=None, help="the prompts' seed (default: a new one every run)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     ap.add_argument("--start-timeout", type=float, default=180.0, help="seconds for llmlab serve to answer /health")
     args = ap.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(10**6)
     if not args.concurrency or min(args.concurrency) < 1 or min(args.rounds, args.repeats) < 1:
         ap.error("--concurrency needs values >= 1, --rounds and --repeats >= 1")
     return args
@@ -225,7 +231,8 @@ def main() -> None:
     print(f"closed loop at C = {', '.join(map(str, args.concurrency))}: each client sends its next request when its "
           f"last reply ended, {args.rounds} requests per client (at least {args.min_requests} a level);")
     print(f"{args.prompt_len}-token prompts (random ids, one per request, the same for both servers), "
-          f"{args.new_tokens} output tokens, ignore_eos, greedy; warm-up first; the client runs on "
+          f"{args.new_tokens} output tokens, ignore_eos, greedy, prompt seed {args.seed} (--seed repeats them); "
+          "warm-up first; the client runs on "
           + (f"CPUs {sorted(os.sched_getaffinity(0))}" if hasattr(os, "sched_getaffinity") else "any CPU"))
     ours_threads = f"OMP_NUM_THREADS={args.threads}, " + (f"taskset -c {args.cpus}" if args.cpus else "not pinned")
     print(f"llmlab serve: tiny, cpu, float32, defaults otherwise; {ours_threads}", flush=True)
