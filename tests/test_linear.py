@@ -95,22 +95,22 @@ def test_engine_exact_for_biased_and_normed_projections(family):
 
 
 def test_cpu_gemv_computes_one_row_like_f_linear_for_every_layout_the_engine_makes(monkeypatch):
-    """The compiled single-row GEMV (inference/cpu_gemv.py): the same values as F.linear for an input-major
+    """The compiled single-row GEMV (inference/cpu_kernels.py): the same values as F.linear for an input-major
     weight, a rank's column slice of one (row stride != width), with and without bias, odd sizes (a tail
-    shorter than the 8-row pass); with LLMLAB_CPU_GEMV=0 or no compiler the engine's Sliced uses torch's."""
-    from llmlab.inference import cpu_gemv
+    shorter than the 8-row pass); with LLMLAB_CPU_KERNELS=0 or no compiler the engine's Sliced uses torch's."""
+    from llmlab.inference import cpu_kernels
 
-    fn = cpu_gemv.kernel()
+    fn = cpu_kernels.kernel()
     if fn is None:
         pytest.skip("no C compiler here: the engine uses torch's GEMV")
     torch.manual_seed(0)
     full = torch.randn(40, 29).t().contiguous().t()  # (out 40, in 29) stored input-major
     for w, b in ((full, None), (full, torch.randn(40)), (full[8:19], torch.randn(11)), (full[:, 3:20], None)):
-        assert cpu_gemv.usable(w)
+        assert cpu_kernels.usable(w)
         x = torch.randn(1, w.shape[1])
-        torch.testing.assert_close(cpu_gemv.gemv(fn, x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cpu_kernels.gemv(fn, x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(Sliced(w, b)(x[None]), F.linear(x[None], w, b), atol=1e-5, rtol=1e-5)
-    assert not cpu_gemv.usable(torch.randn(40, 29))  # (out, in) row-major: not the layout it reads
-    monkeypatch.setenv("LLMLAB_CPU_GEMV", "0")
-    monkeypatch.setattr(cpu_gemv, "_state", {})
-    assert cpu_gemv.kernel() is None and Sliced(full).gemv is None
+    assert not cpu_kernels.usable(torch.randn(40, 29))  # (out, in) row-major: not the layout it reads
+    monkeypatch.setenv("LLMLAB_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    assert cpu_kernels.kernel() is None and Sliced(full).gemv is None

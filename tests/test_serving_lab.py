@@ -39,7 +39,9 @@ def test_throughput_grows_from_1_to_4_clients(model):
     t = res.tables["concurrency"].set_index("concurrency")
     assert t.decodes_per_step[1] == 1 and t.decodes_per_step[4] > 3  # the 4 clients share the steps (structural)
     c = t.output_tokens_per_s
-    assert c[4] > 1.5 * c[1], c  # 3.1-3.5x measured on 2 cores with the suite running beside it
+    # 1.50-1.55x measured on 2 cores: one sequence alone runs the compiled decode step (2x torch's), four share
+    # torch's batched step; what is guaranteed is that they share steps, so only "more" is asserted
+    assert c[4] > c[1], c
 
 
 def test_peak_running_equals_the_capacity_formula_at_every_pool(model):

@@ -9,7 +9,7 @@ stored input-major on the CPU. The values never change, only how they are laid o
   F.linear(x, W) runs as x @ (in, out), a plain row-major GEMM. For the single-row GEMV of a decode step
   MKL's kernel for that layout is faster: on a 2-core AMD EPYC a decode step of the built-in `tiny` took 3.5
   ms instead of 4.2 (fused either way; 150 steps each, interleaved). CUDA keeps nn.Linear's layout. One row
-  runs `cpu_gemv`'s compiled loop on that layout where a C compiler is there: the same step 3.36 -> 2.91 ms.
+  runs the compiled GEMV of `cpu_kernels` on that layout where a C compiler is there: the same step 3.36 -> 2.91 ms.
 - oneDNN's packed weights on the CPU (`cpu_packed`): for two rows or more (a batched decode step, a prefill
   chunk) torch's oneDNN linear on a weight reordered into its blocked layout (what inductor's CPU freezing
   and vLLM's CPU backend call) beats the plain GEMM: the 25 Linears of `tiny` at 32 rows took 5.1-5.3 ms
@@ -27,24 +27,24 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from llmlab.inference import cpu_gemv
+from llmlab.inference import cpu_kernels
 
 Proj = Callable[[torch.Tensor], torch.Tensor]
 
 
 class Sliced:
     """A weight (a Linear's, a rank's slice of one, or several fused): y = x W^T (+ b), no module call.
-    On the CPU in float32: one row runs `cpu_gemv` (where it builds); two rows or more run oneDNN's linear
+    On the CPU in float32: one row runs `cpu_kernels` (where it builds); two rows or more run oneDNN's linear
     on a packed copy, packed again when the weight is written in place (load_state_dict, a module's view)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight, bias
         self.packed, self.packed_version = cpu_packed(weight), _version(weight)
-        self.gemv = cpu_gemv.kernel() if cpu_gemv.usable(weight) else None
+        self.gemv = cpu_kernels.kernel() if cpu_kernels.usable(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv is not None and x.numel() == x.shape[-1] and x.dtype == torch.float32:
-            return cpu_gemv.gemv(self.gemv, x, self.weight, self.bias)
+            return cpu_kernels.gemv(self.gemv, x, self.weight, self.bias)
         if self.packed is not None and x.numel() >= PACKED_MIN_ROWS * x.shape[-1]:
             if self.packed_version != _version(self.weight):
                 self.packed, self.packed_version = cpu_packed(self.weight), _version(self.weight)
@@ -52,7 +52,7 @@ class Sliced:
         return F.linear(x, self.weight, self.bias)
 
 
-PACKED_MIN_ROWS = 2  # one row (a single sequence's decode step) is a GEMV: cpu_gemv's, else MKL's
+PACKED_MIN_ROWS = 2  # one row (a single sequence's decode step) is a GEMV: cpu_kernels's, else MKL's
 PACKED_FOR_ROWS = 64  # the batch size oneDNN packs for; 64 was fastest of 1 / 32 / 64 from 1 to 512 rows
 
 
