@@ -94,6 +94,29 @@ def test_preemption_when_blocks_run_out_keeps_output_exact(model):
     assert eng.blocks.num_used == 0
 
 
+def test_logprobs_per_row_are_log_softmax_of_hfs_logits_in_a_mixed_batch(model):
+    """Rows asking for k = 0, 5 or nothing, greedy and sampled, batched and preempted: each asking row gets, per
+    output token, the raw log-probability of that token and the top k, as HF's forward gives them."""
+    prompts = prompts_of([12, 12, 12, 30], seed=8)
+    hot = SamplingParams(temperature=1.7, top_k=20)
+    params = [RequestParams(16, logprobs=0, ignore_eos=True),
+              RequestParams(16, hot, seed=1, logprobs=5, ignore_eos=True),
+              RequestParams(16, ignore_eos=True), RequestParams(16, logprobs=5, ignore_eos=True)]
+    eng = Engine(model, EngineConfig(num_blocks=7))  # 9 blocks by the end: someone is preempted
+    seqs = eng.generate(prompts, params)
+    assert eng.scheduler.num_preemptions > 0 and seqs[2].logprobs == []
+    for s, q in zip(seqs, params, strict=True):
+        if q.logprobs is None:
+            continue
+        ref = hf_logits(model, s.token_ids[:-1])[len(s.prompt_ids) - 1 :].log_softmax(-1)  # (16, V)
+        assert len(s.logprobs) == 16
+        for i, (tok, (lp, top)) in enumerate(zip(s.output_ids, s.logprobs, strict=True)):
+            assert abs(lp - float(ref[i, tok])) <= ATOL and len(top) == q.logprobs
+            # each alternative's own log-probability, and the k largest in order (robust to near-ties)
+            assert all(abs(a - float(ref[i, t])) <= ATOL for t, a in top)
+            assert all(abs(a - float(b)) <= ATOL for (_, a), b in zip(top, ref[i].topk(q.logprobs).values, strict=True))
+
+
 def test_continuous_batching_refills_the_batch(model):
     prompts = prompts_of([8] * 6, seed=5)
     eng = Engine(model, EngineConfig(max_num_seqs=4))

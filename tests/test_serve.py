@@ -4,9 +4,10 @@ hits, batching, a disconnect freeing blocks, bad requests, and vLLM's metric def
 
 Then any request: each reliability rule is checked by sending the request to the real server and a
 normal request after it (seeds, temperatures, body and prompt sizes, clients that leave, stop
-strings, idle gauges, undecodable bodies, options it cannot honour, loose types, n, echo, the
-Host / cross-origin / API-key guard), plus in-process checks of what needs a fault planted or
-torch.cuda patched (an engine fault, dtype auto, the pool from a GPU's free memory)."""
+strings, idle gauges, undecodable bodies, options it cannot honour, loose types, n, echo, logprobs
+(against log_softmax of HF's forward), the Host / cross-origin / API-key guard), plus in-process
+checks of what needs a fault planted or torch.cuda patched (an engine fault, dtype auto, the pool
+from a GPU's free memory)."""
 
 from __future__ import annotations
 
@@ -449,10 +450,11 @@ def test_unknown_routes_and_methods_are_openai_shaped(server):
 
 
 @pytest.mark.parametrize("path, extra, field", [
-    ("/v1/completions", {"logprobs": 1}, "logprobs"),
-    ("/v1/completions", {"logprobs": 0}, "logprobs"),
-    ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
-    ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
+    ("/v1/completions", {"logprobs": 1, "echo": True}, "logprobs"),  # the prompt's logprobs
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),  # at most 20 alternatives
+    ("/v1/completions", {"logprobs": True}, "logprobs"),  # completions' logprobs is a count
+    ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"logit_bias": {"5": 10.0}}, "logit_bias"),
     ("/v1/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
@@ -491,6 +493,70 @@ def test_no_op_values_of_those_options_are_served(server):
     r = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                                             "max_tokens": 2, "logprobs": False, "top_logprobs": 0, "n": 1})
     assert r.status_code == 200, r.text
+
+
+@pytest.fixture(scope="module")
+def tiny_hf():
+    from llmlab.core.models import load
+
+    loaded = load("tiny", "cpu")
+    return loaded.model, loaded.tokenizer
+
+
+def hf_logprobs(model, ids: list[int], n_prompt: int):
+    """log_softmax of HF's own forward at each output position: (outputs, V)."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return logits.log_softmax(-1)[n_prompt - 1 : len(ids) - 1]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.5, "top_k": 8, "seed": 3}])
+def test_completion_logprobs_are_log_softmax_of_hfs_forward(server, tiny_hf, sampling):
+    """Raw logprobs (whatever the sampling settings), the top k in order with the sampled token beside them,
+    offsets into the text, and the same numbers streamed token by token."""
+    base, _ = server
+    model, tok = tiny_hf
+    body = {"prompt": "def add(a, b):", "max_tokens": 6, "ignore_eos": True, "logprobs": 3, **sampling}
+    choice = post(base, "/v1/completions", body).json()["choices"][0]
+    lp = choice["logprobs"]
+    prompt = post(base, "/tokenize", {"prompt": body["prompt"]}).json()["tokens"]
+    as_ids = post(base, "/v1/completions", {**body, "return_tokens_as_token_ids": True}).json()["choices"][0]
+    out = [int(t.removeprefix("token_id:")) for t in as_ids["logprobs"]["tokens"]]  # the ids, not a re-tokenizing
+    assert as_ids["text"] == choice["text"] == tok.decode(out) and [tok.decode([t]) for t in out] == lp["tokens"]
+    ref = hf_logprobs(model, prompt + out, len(prompt))
+    assert lp["token_logprobs"] == pytest.approx([float(ref[i, t]) for i, t in enumerate(out)], abs=1e-4)
+    for i, (t, top) in enumerate(zip(out, lp["top_logprobs"], strict=True)):
+        # the 3 most likely (by value: robust to near-ties) and the sampled token beside them
+        assert sorted(top.values(), reverse=True)[:3] == pytest.approx(ref[i].topk(3).values.tolist(), abs=1e-4)
+        assert top[tok.decode([t])] == pytest.approx(float(ref[i, t]), abs=1e-4) and len(top) <= 4
+    assert lp["text_offset"] == [sum(map(len, lp["tokens"][:i])) for i in range(6)]
+    r = post(base, "/v1/completions", {**body, "stream": True})
+    streamed = [c["choices"][0]["logprobs"] for c in map(json.loads, sse_events(r.text)[:-1]) if c["choices"]]
+    joined = {k: [x for s in streamed for x in s[k]] for k in lp}
+    assert joined == lp
+    normal(base)
+
+
+def test_chat_logprobs_and_top_logprobs(server, tiny_hf):
+    base, _ = server
+    model, tok = tiny_hf
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "logprobs": True, "top_logprobs": 2}
+    choice = post(base, "/v1/chat/completions", body).json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert "".join(c["token"] for c in content) == choice["message"]["content"] and len(content) == 4
+    for c in content:
+        assert c["bytes"] == list(c["token"].encode()) and len(c["top_logprobs"]) == 2
+        assert c["top_logprobs"][0]["token"] == c["token"]  # greedy: the sampled token is the most likely
+        assert c["top_logprobs"][0]["logprob"] == pytest.approx(c["logprob"], abs=1e-6)
+        assert c["top_logprobs"][0]["logprob"] >= c["top_logprobs"][1]["logprob"]
+    alone = post(base, "/v1/chat/completions", {**body, "top_logprobs": 0}).json()["choices"][0]["logprobs"]
+    assert [c["top_logprobs"] for c in alone["content"]] == [[]] * 4
+    assert post(base, "/v1/chat/completions", {**body, "logprobs": False, "top_logprobs": 0}).json()["choices"][0][
+        "logprobs"] is None
+    normal(base)
 
 
 def test_n_choices_are_n_sequences_choice_i_sampled_with_seed_plus_i(server):

@@ -40,13 +40,13 @@ TYPED = {  # each field with a value of its own type, edge values included
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
     "ignore_eos": st.booleans(),
     "n": st.just(1),
-    "logprobs": st.none(),
+    "return_tokens_as_token_ids": st.booleans(),
     "user": st.text(max_size=5),
 }
 SHORT = {"max_tokens": st.integers(1, 6)}  # always given (a mutation may change it): the defaults run up to 256 tokens
 completion = st.fixed_dictionaries(
     {"prompt": st.one_of(st.text(max_size=60), st.lists(st.integers(0, 4095), min_size=1, max_size=20)), **SHORT},
-    optional={**TYPED, "echo": st.booleans()},
+    optional={**TYPED, "echo": st.booleans(), "logprobs": st.one_of(st.none(), st.integers(0, 20))},
 )
 chat = st.fixed_dictionaries(
     {
@@ -59,7 +59,7 @@ chat = st.fixed_dictionaries(
         ),
         **SHORT,
     },
-    optional=TYPED,
+    optional={**TYPED, "logprobs": st.one_of(st.none(), st.booleans()), "top_logprobs": st.integers(0, 20)},
 )
 ANY_FIELD = sorted(set(CompletionRequest.model_fields) | set(ChatRequest.model_fields) | {"junk", "prompt", "messages"})
 

@@ -198,6 +198,23 @@ class Engine:
                     out[i : i + 1] = torch.multinomial(pr[j : j + 1], 1, generator=seqs[i].generator)[:, 0]
         return out.tolist()
 
+    @staticmethod
+    def logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> None:
+        """Append to each sequence that asked for them its new token's log-probability and the top k, from the
+        model's own distribution: log_softmax of the raw logits, before temperature, top-k or top-p (what vLLM
+        returns by default). Rows that did not ask cost nothing."""
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if not rows:
+            return
+        lp = logits[rows].float().log_softmax(dim=-1)  # (R, V)
+        chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=lp.device)[:, None])[:, 0].tolist()
+        k = max(seqs[i].params.logprobs for i in rows)
+        top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+        top_v, top_i = top_v.tolist(), top_i.tolist()
+        for j, i in enumerate(rows):
+            kk = seqs[i].params.logprobs
+            seqs[i].logprobs.append((chosen[j], list(zip(top_i[j][:kk], top_v[j][:kk], strict=True))))
+
     def step(self) -> StepOutput | None:
         """Schedule, run one ragged forward, sample, stamp; None when there is nothing to do."""
         t0 = now_ns()
@@ -219,6 +236,7 @@ class Engine:
                 row += s.n_tokens
             logits = torch.stack([s.seq.debug_logits[-1][1][-1] for s in sampled]) if sampled else logits[:0]
         new = self.sample(logits, [s.seq for s in sampled])  # .tolist() syncs the device
+        self.logprobs(logits, [s.seq for s in sampled], new)
         t1 = now_ns()
         tokens, finished = [], []
         for s in sched:

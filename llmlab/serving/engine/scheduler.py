@@ -39,10 +39,13 @@ class RequestParams:
     sampling: SamplingParams = SamplingParams()
     seed: int | None = None  # None: the engine's shared generator; an int: the request's own stream
     ignore_eos: bool = False  # True: always produce max_tokens (what benchmarks use, like vLLM's ignore_eos)
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely alternatives
 
     def __post_init__(self):
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be at least 0, got {self.logprobs}")
 
 
 class Status(Enum):
@@ -73,6 +76,8 @@ class Sequence:
     scheduled_ns: int = 0  # first admitted: the queue ends
     first_chunk_ns: int = 0  # the first prefill chunk's forward starts
     token_ns: list[int] = field(default_factory=list)  # each output token sampled
+    # params.logprobs set: per output token, (its log-probability, [(id, log-probability)] of the top k)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
     finished_ns: int = 0
     # recorded runs: (first position, (n, V) logits) per step
     debug_logits: list[tuple[int, torch.Tensor]] | None = None

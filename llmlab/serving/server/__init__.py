@@ -3,16 +3,17 @@
 Reading order: `protocol` (strict request models, the body cap, OpenAI's error shape) -> `guard`
 (Host, cross-origin and API-key checks in front of every route) -> `async_engine` (the engine
 stepped by one background thread, every fault contained) -> `stops` (stop strings on the decoded
-text) -> `app` (the routes) and `sse` (streamed answers) -> `metrics` (Prometheus, vLLM's names,
-buckets and `model_name` label; llama.cpp-style timings) -> `launch` (`serve`: dtype, KV pool sized
-from free memory on CUDA, exactness check, uvicorn).
+text) -> `logprobs` (OpenAI's two logprobs shapes) -> `app` (the routes) and `sse` (streamed
+answers) -> `metrics` (Prometheus, vLLM's names, buckets and `model_name` label; llama.cpp-style
+timings) -> `launch` (`serve`: dtype, KV pool sized from free memory on CUDA, exactness check, uvicorn).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (stream true/false; SSE chunks ending in
 `data: [DONE]`; stream_options.include_usage; max_tokens / max_completion_tokens, temperature,
-top_p, top_k, min_p, seed, stop, n, echo (completions), user, and vLLM's ignore_eos), GET /v1/models,
-GET /health, GET /metrics, GET /v1/engine/stats (llmlab's own: counters, faults and the recent step
-records, what the tests and labs read), and vLLM's POST /tokenize and /detokenize (what the ttft
-lab's --endpoint uses for prompts of an exact length).
+top_p, top_k, min_p, seed, stop, n, echo (completions), logprobs (completions' k; chat's logprobs
+and top_logprobs), user, and vLLM's ignore_eos and return_tokens_as_token_ids), GET /v1/models,
+GET /health, GET /metrics, GET /v1/engine/stats (llmlab's own: counters, faults and the recent
+step records, what the tests and labs read), and vLLM's POST /tokenize and /detokenize (what the
+ttft lab's --endpoint uses for prompts of an exact length).
 
 One SSE chunk per generated token (so a client's chunk count equals the token count here; the
 usage block says so anyway). The final chunk (and a non-streamed response) carries `timings`

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 from llmlab.serving.chat import render_chat
 from llmlab.serving.server.async_engine import AsyncEngine, Fault, Handle
 from llmlab.serving.server.guard import Guard
+from llmlab.serving.server.logprobs import Entry, LogprobsFormatter
 from llmlab.serving.server.metrics import Metrics, timings
 from llmlab.serving.server.protocol import (
     MAX_BODY_BYTES,
@@ -39,6 +40,7 @@ from llmlab.serving.server.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    logprobs_wanted,
     parse_json,
     read_body,
     unsupported,
@@ -125,7 +127,8 @@ class Server:
             sampling = SamplingParams(
                 temperature=temperature, top_k=max(req.top_k, 0), top_p=req.top_p, min_p=req.min_p
             )
-            params = RequestParams(max_tokens, sampling, seed=req.seed, ignore_eos=req.ignore_eos)
+            params = RequestParams(max_tokens, sampling, seed=req.seed, ignore_eos=req.ignore_eos,
+                                   logprobs=logprobs_wanted(req))
             self.engine.check_request(n_prompt, params)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
@@ -134,16 +137,19 @@ class Server:
     # ---------------------------------------------------------------- one request
 
     async def pieces(self, h: Handle, stream: TextStream):
-        """Yield (text piece, finish_reason or None) per token the client gets; raises APIError(500) on a fault."""
+        """Yield (text piece, finish_reason or None, logprobs entry or None) per token the client gets, then the
+        rest of the text once the sequence ended; raises APIError(500) on a fault."""
         while True:
             ev = await h.events.get()
             if isinstance(ev, Fault):
                 raise APIError(500, ev.message, type_="server_error")
             if ev is None:
-                yield stream.flush(), h.seq.finish_reason
+                yield stream.flush(), h.seq.finish_reason, None
                 return
             piece = stream.push(ev)
-            yield piece, ("stop" if stream.stopped else None)
+            # the engine recorded the token's logprobs before it sent the token
+            entry = (ev, *h.seq.logprobs[stream.n_tokens - 1]) if h.params.logprobs is not None else None
+            yield piece, ("stop" if stream.stopped else None), entry
             if stream.stopped:
                 return
 
@@ -159,7 +165,9 @@ class Server:
             stream = TextStream(self.tokenizer, stops, self.engine.eos_ids)
             h = Handle(prompt_ids, p, arrival, now_ns(), asyncio.get_running_loop(), count_at_close=bool(stream.stops))
             self.aeng.submit(h)
-            choices.append(Choice(i, h, stream))
+            lp = None if p.logprobs is None else LogprobsFormatter(
+                self.tokenizer, chat, len(echo), as_ids=req.return_tokens_as_token_ids)
+            choices.append(Choice(i, h, stream, lp))
         call = Call(self, choices, req, chat, echo)
         return sse_response(call) if req.stream else await call.whole(request)
 
@@ -171,7 +179,11 @@ class Choice:
     index: int
     h: Handle
     stream: TextStream
+    lp: LogprobsFormatter | None = None  # set when the request asked for logprobs
     reason: str | None = None
+
+    def logprobs(self, entries: list[Entry]) -> dict | None:
+        return self.lp.format(entries) if self.lp is not None else None
 
 
 class Call:
@@ -196,12 +208,13 @@ class Call:
         c = self.choices[0]
         return timings(c.h.seq, c.stream.n_tokens) if c.h.seq else {}
 
-    async def collect(self, c: Choice) -> str:
-        text = self.echo
-        async for piece, fin in self.srv.pieces(c.h, c.stream):
+    async def collect(self, c: Choice) -> tuple[str, list[Entry]]:
+        text, entries = self.echo, []
+        async for piece, fin, entry in self.srv.pieces(c.h, c.stream):
             text += piece
+            entries += [entry] if entry is not None else []
             c.reason = fin or c.reason
-        return text
+        return text, entries
 
     async def whole(self, request: Request) -> Response:
         """The non-streamed answer; the sequences are aborted as soon as the client is seen gone."""
@@ -218,8 +231,8 @@ class Call:
                 task.cancel()
             self.close()
         choices = []
-        for c, text in zip(self.choices, texts, strict=True):
-            choice = {"index": c.index, "finish_reason": c.reason, "logprobs": None}
+        for c, (text, entries) in zip(self.choices, texts, strict=True):
+            choice = {"index": c.index, "finish_reason": c.reason, "logprobs": c.logprobs(entries)}
             choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
             choices.append(choice)
         return JSONResponse({"id": self.rid, "object": self.obj, "created": self.created, "model": self.srv.model_name,

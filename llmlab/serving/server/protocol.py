@@ -6,9 +6,11 @@ Rules:
   (temperature [0, 2], top_p (0, 1], penalties [-2, 2]) and torch's seed range (int64).
 - A field OpenAI does not define (and llmlab does not take from vLLM) is refused, as OpenAI
   refuses it ("Unrecognized request argument"): no option is ever ignored silently.
-- An option llmlab cannot honour (logprobs, logit_bias, penalties, ...) is refused with 400
-  naming the field, unless it carries its no-op value (logprobs null/false, penalty 0). `n` is
-  served: n sequences of the prompt (choice i sampled with seed + i when a seed is given).
+- An option llmlab cannot honour (logit_bias, penalties, ...) is refused with 400 naming the
+  field, unless it carries its no-op value (penalty 0, logit_bias {}). `n` is served: n sequences
+  of the prompt (choice i sampled with seed + i when a seed is given). Logprobs are served
+  (completions' `logprobs: k`, chat's `logprobs: true` with `top_logprobs: k`, k <= 20), except the
+  prompt's (completions' echo with logprobs: 400).
 - The body is capped (413) before it is parsed; JSON nested deeper than Python can parse,
   a lone UTF-16 surrogate or a body that is not an object is a 400.
 - Every error has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 # a whole 128 K-token context is ~0.5-1 MB of text or token ids; 4 MiB leaves room for JSON escapes
 MAX_BODY_BYTES = 4 << 20
 INT64 = 2**63  # torch.Generator.manual_seed's signed range, as vLLM bounds `seed`
+MAX_LOGPROBS = 20  # alternatives per token: OpenAI's chat bound and vLLM's default max_logprobs
 
 
 class APIError(Exception):
@@ -58,11 +61,10 @@ class CommonRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:<id>"
     user: str | None = None  # OpenAI's end-user id: metadata, nothing to honour
     n: int = Field(1, ge=1, le=16)  # sequences of the prompt, one choice each
     # options refused unless at their no-op value (`unsupported` below)
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, float] | None = None
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -74,6 +76,7 @@ class CommonRequest(BaseModel):
 class CompletionRequest(CommonRequest):
     prompt: str | list[int] | list[str]
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # the sampled token's and the k most likely
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
 
@@ -98,6 +101,8 @@ class Message(BaseModel):
 
 class ChatRequest(CommonRequest):
     messages: list[Message] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # with logprobs: true
     tools: list[dict] | None = None
     tool_choice: Literal["none", "auto"] | None = None
     response_format: dict | None = None
@@ -119,8 +124,6 @@ class DetokenizeRequest(BaseModel):
 def unsupported(req: CommonRequest) -> str | None:
     """The first option set to a value this server cannot honour, or None."""
     no_op = {
-        "logprobs": req.logprobs is None or req.logprobs is False,
-        "top_logprobs": not req.top_logprobs,
         "logit_bias": not req.logit_bias,
         "frequency_penalty": not req.frequency_penalty,
         "presence_penalty": not req.presence_penalty,
@@ -133,6 +136,21 @@ def unsupported(req: CommonRequest) -> str | None:
     if isinstance(req, ChatRequest):
         no_op.update(tools=not req.tools, response_format=req.response_format in (None, {"type": "text"}))
     return next((name for name, ok in no_op.items() if not ok), None)
+
+
+def logprobs_wanted(req: CommonRequest) -> int | None:
+    """The alternatives per token the request asks for (0: only the sampled token's), None for no logprobs;
+    APIError(400) for a combination that cannot be served."""
+    if isinstance(req, CompletionRequest):
+        if req.logprobs is not None and req.echo:
+            raise APIError(400, "`logprobs` with `echo` (the prompt's log-probabilities) is not supported by this "
+                                "server: drop one of them", "logprobs")
+        return req.logprobs
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "`top_logprobs` needs `logprobs: true`", "top_logprobs")
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return None
 
 
 async def read_body(request, limit: int = MAX_BODY_BYTES) -> bytes:

@@ -21,38 +21,39 @@ if TYPE_CHECKING:
     from llmlab.serving.server.app import Call
 
 
-def chunk(call: Call, piece: str | None, reason, first=False, index=0, **extra) -> str:
+def chunk(call: Call, piece: str | None, reason, first=False, index=0, logprobs=None, **extra) -> str:
     if piece is None:
         choices = []
     elif call.chat:
         delta = {"role": "assistant", "content": piece} if first else {"content": piece}
-        choices = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}]
+        choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
     else:
-        choices = [{"index": index, "text": piece, "logprobs": None, "finish_reason": reason}]
+        choices = [{"index": index, "text": piece, "logprobs": logprobs, "finish_reason": reason}]
     body = {"id": call.rid, "object": call.obj + (".chunk" if call.chat else ""), "created": call.created,
             "model": call.srv.model_name, "choices": choices, **extra}
     return f"data: {json.dumps(body)}\n\n"
 
 
 async def one_choice(call: Call, include_usage: bool):
-    """n = 1: a chunk per token, the last token's chunk carrying finish_reason."""
+    """n = 1: a chunk per token (with that token's logprobs), the last token's chunk carrying finish_reason."""
     c = call.choices[0]
-    pending, first = call.echo or None, True
-    async for piece, fin in call.srv.pieces(c.h, c.stream):
+    pending, first = ((call.echo, []) if call.echo else None), True  # (text, logprobs entries) not yet sent
+    async for piece, fin, entry in call.srv.pieces(c.h, c.stream):
+        mine = [entry] if entry is not None else []
         if fin is not None:
             c.reason = fin
-            yield chunk(
-                call, (pending or "") + piece, fin, first, **({} if include_usage else {"timings": call.timings()})
-            )
+            text, before = pending or ("", [])
+            yield chunk(call, text + piece, fin, first, logprobs=c.logprobs(before + mine),
+                        **({} if include_usage else {"timings": call.timings()}))
             return
         if pending is not None:
-            yield chunk(call, pending, None, first)
+            yield chunk(call, pending[0], None, first, logprobs=c.logprobs(pending[1]))
             first, pending = False, None
         if c.h.events.empty():
-            yield chunk(call, piece, None, first)
+            yield chunk(call, piece, None, first, logprobs=c.logprobs(mine))
             first = False
         else:
-            pending = piece
+            pending = (piece, mine)
 
 
 async def many_choices(call: Call, include_usage: bool):
@@ -62,10 +63,10 @@ async def many_choices(call: Call, include_usage: bool):
 
     async def feed(c):
         try:
-            async for piece, fin in call.srv.pieces(c.h, c.stream):
-                await merged.put((c, piece, fin, None))
+            async for piece, fin, entry in call.srv.pieces(c.h, c.stream):
+                await merged.put((c, piece, fin, entry, None))
         except APIError as exc:
-            await merged.put((c, "", None, exc))
+            await merged.put((c, "", None, None, exc))
 
     tasks = [asyncio.ensure_future(feed(c)) for c in call.choices]
     started, left = set(), len(call.choices)
@@ -75,13 +76,14 @@ async def many_choices(call: Call, include_usage: bool):
                 started.add(c.index)
                 yield chunk(call, call.echo, None, True, c.index)
         while left:
-            c, piece, fin, exc = await merged.get()
+            c, piece, fin, entry, exc = await merged.get()
             if exc is not None:
                 raise exc
             c.reason = fin or c.reason
             left -= fin is not None
             extra = {"timings": call.timings()} if fin is not None and not left and not include_usage else {}
-            yield chunk(call, piece, fin, c.index not in started, c.index, **extra)
+            lp = c.logprobs([entry] if entry is not None else [])
+            yield chunk(call, piece, fin, c.index not in started, c.index, logprobs=lp, **extra)
             started.add(c.index)
     finally:
         for t in tasks:
