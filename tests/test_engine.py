@@ -117,6 +117,51 @@ def test_logprobs_per_row_are_log_softmax_of_hfs_logits_in_a_mixed_batch(model):
             assert all(abs(a - float(b)) <= ATOL for (_, a), b in zip(top, ref[i].topk(q.logprobs).values, strict=True))
 
 
+def changed_greedy(model, prompt, n, bias=(), rep=1.0, freq=0.0, pres=0.0, min_tokens=0, banned=(), stop=()):
+    """Greedy over HF's forward with the request's logit changes written from their definitions, one token at a
+    time: bias added; `banned` at -inf before min_tokens; a seen token's logit divided by rep if positive, else
+    multiplied; each output token's logit less freq per occurrence and pres once; ends at a `stop` token."""
+    ids, out = list(prompt), []
+    while len(out) < n:
+        row = hf_logits(model, ids)[-1].clone()
+        for t, b in bias:
+            row[t] += b
+        if len(out) < min_tokens:
+            row[list(banned)] = float("-inf")
+        for t in set(ids) if rep != 1.0 else ():
+            row[t] = row[t] / rep if row[t] > 0 else row[t] * rep
+        for t in set(out):
+            row[t] -= freq * out.count(t) + pres
+        out.append(int(row.argmax()))
+        ids.append(out[-1])
+        if out[-1] in stop:
+            break
+    return out
+
+
+def test_logit_bias_penalties_min_tokens_and_stop_ids_follow_their_definitions(model):
+    """Each change, batched beside the others and a plain row, gives the tokens its definition gives over HF's
+    forward, and each changes the greedy text (a change that did nothing would not pass)."""
+    (p,) = prompts_of([10], seed=9)
+    plain = reference(model, p, 16)
+    t = plain[2]  # a token the plain run makes
+    cases = [
+        ({"logit_bias": ((t, -100.0), (plain[0], -5.0))}, {"bias": ((t, -100.0), (plain[0], -5.0))}),
+        ({"repetition_penalty": 1.8}, {"rep": 1.8}),
+        ({"frequency_penalty": 1.5}, {"freq": 1.5}),
+        ({"presence_penalty": 2.0, "frequency_penalty": -0.5}, {"pres": 2.0, "freq": -0.5}),
+        ({"stop_token_ids": frozenset({t})}, {"stop": (t,)}),
+        ({"stop_token_ids": frozenset({t}), "min_tokens": 4}, {"stop": (t,), "min_tokens": 4, "banned": (0, t)}),
+    ]
+    eng = Engine(model, EngineConfig())
+    params = [RequestParams(16, ignore_eos=True, **c) for c, _ in cases] + [RequestParams(16, ignore_eos=True)]
+    *seqs, alone = eng.generate([p] * len(params), params)
+    assert alone.output_ids == plain
+    for s, (c, ref) in zip(seqs, cases, strict=True):
+        assert s.output_ids == changed_greedy(model, p, 16, **ref) != plain, c
+    assert seqs[4].finish_reason == "stop" and seqs[4].output_ids == plain[: plain.index(t) + 1]
+
+
 def test_continuous_batching_refills_the_batch(model):
     prompts = prompts_of([8] * 6, seed=5)
     eng = Engine(model, EngineConfig(max_num_seqs=4))

@@ -456,15 +456,19 @@ def test_unknown_routes_and_methods_are_openai_shaped(server):
     ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
-    ("/v1/completions", {"logit_bias": {"5": 10.0}}, "logit_bias"),
-    ("/v1/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
-    ("/v1/chat/completions", {"presence_penalty": -1.0}, "presence_penalty"),
+    ("/v1/completions", {"logit_bias": {"abc": 1.0}}, "logit_bias"),  # keys are token ids
+    ("/v1/completions", {"logit_bias": {"4096": 1.0}}, "logit_bias"),  # of this vocabulary
+    ("/v1/completions", {"logit_bias": {"5": 101.0}}, "logit_bias"),  # OpenAI's [-100, 100]
+    ("/v1/completions", {"frequency_penalty": 2.5}, "frequency_penalty"),
+    ("/v1/chat/completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/completions", {"min_tokens": 3}, "min_tokens"),  # more than max_tokens
+    ("/v1/completions", {"stop_token_ids": [5000]}, "stop_token_ids"),
     ("/v1/completions", {"suffix": "end"}, "suffix"),
     ("/v1/chat/completions", {"echo": True}, "echo"),  # echo is a completions option
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/completions", {"frobnicate": 1}, "frobnicate"),  # not an OpenAI option at all
 ])
-def test_options_this_server_cannot_honour_are_400_naming_the_field(server, path, extra, field):
+def test_options_it_cannot_honour_and_values_it_cannot_take_are_400_naming_the_field(server, path, extra, field):
     base, _ = server
     body = {
         "max_tokens": 2,
@@ -556,6 +560,32 @@ def test_chat_logprobs_and_top_logprobs(server, tiny_hf):
     assert [c["top_logprobs"] for c in alone["content"]] == [[]] * 4
     assert post(base, "/v1/chat/completions", {**body, "logprobs": False, "top_logprobs": 0}).json()["choices"][0][
         "logprobs"] is None
+    normal(base)
+
+
+def test_logit_bias_penalties_min_tokens_and_stop_token_ids_are_served(server):
+    """Each option reaches the engine (whose tests hold them to their definitions): a +100 bias makes every token
+    the biased one, a stop token id ends the text before itself, min_tokens holds back an EOS biased to win, and
+    the penalties change a greedy text that repeats itself."""
+    base, _ = server
+    body = {"prompt": "class Foo:", "max_tokens": 12, "temperature": 0, "logprobs": 0,
+            "return_tokens_as_token_ids": True}
+
+    def run(**extra):
+        c = post(base, "/v1/completions", {**body, **extra}).json()["choices"][0]
+        return c["text"], [int(t.removeprefix("token_id:")) for t in c["logprobs"]["tokens"]], c["finish_reason"]
+
+    text, ids, _ = run(ignore_eos=True)
+    assert run(logit_bias={"42": 100}, ignore_eos=True)[1] == [42] * 12
+    stop = ids[3]
+    cut = ids.index(stop)
+    got_text, got, reason = run(stop_token_ids=[stop], ignore_eos=True)
+    assert got == ids[: cut + 1] and reason == "stop"
+    assert got_text == post(base, "/detokenize", {"tokens": ids[:cut]}).json()["prompt"]
+    eos = 0  # tiny's
+    assert run(logit_bias={str(eos): 100}, min_tokens=5)[1:] == (run(ignore_eos=True, max_tokens=5)[1] + [eos], "stop")
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repetition_penalty": 2.0}):
+        assert run(ignore_eos=True, **penalty)[0] != text, penalty
     normal(base)
 
 

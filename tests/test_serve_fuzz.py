@@ -41,6 +41,12 @@ TYPED = {  # each field with a value of its own type, edge values included
     "ignore_eos": st.booleans(),
     "n": st.just(1),
     "return_tokens_as_token_ids": st.booleans(),
+    "logit_bias": st.dictionaries(st.integers(0, 4095).map(str), st.floats(-100, 100), max_size=3),
+    "frequency_penalty": st.floats(-2, 2),
+    "presence_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.5, 2),
+    "min_tokens": st.integers(0, 6),
+    "stop_token_ids": st.lists(st.integers(0, 4095), max_size=3),
     "user": st.text(max_size=5),
 }
 SHORT = {"max_tokens": st.integers(1, 6)}  # always given (a mutation may change it): the defaults run up to 256 tokens

@@ -1,7 +1,8 @@
 """A small paged, continuously batching inference engine (nano-vllm sized).
 
 Reading order: `EngineConfig` -> `Engine.add_request` -> `Engine.step` (schedule -> build the
-ragged batch -> forward -> sample -> stamp and finish) -> `Engine.generate` (run to completion)
+ragged batch -> forward -> the request's logit changes (`logits_processors`) -> sample -> logprobs
+-> stamp and finish) -> `Engine.generate` (run to completion)
 -> `check_exact` (logits vs HF, greedy vs `inference.decode.generate`), which runs before any timing.
 
 One step = one forward over every scheduled token (iteration-level continuous batching, Orca):
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from llmlab.core.models import torch_dtype
+from llmlab.serving.engine import logits_processors
 from llmlab.serving.engine.block_manager import BlockManager
 from llmlab.serving.engine.model_runner import Batch, ModelRunner
 from llmlab.serving.engine.scheduler import RequestParams, Scheduled, Scheduler, Sequence, Status
@@ -235,8 +237,9 @@ class Engine:
                 s.seq.debug_logits.append((s.seq.num_computed, logits[row : row + s.n_tokens].clone()))
                 row += s.n_tokens
             logits = torch.stack([s.seq.debug_logits[-1][1][-1] for s in sampled]) if sampled else logits[:0]
-        new = self.sample(logits, [s.seq for s in sampled])  # .tolist() syncs the device
-        self.logprobs(logits, [s.seq for s in sampled], new)
+        seqs = [s.seq for s in sampled]
+        new = self.sample(logits_processors.apply(logits, seqs, self.eos_ids), seqs)  # .tolist() syncs the device
+        self.logprobs(logits, seqs, new)  # of the raw logits
         t1 = now_ns()
         tokens, finished = [], []
         for s in sched:
@@ -248,7 +251,7 @@ class Engine:
             seq.output_ids.append(tok)
             seq.token_ns.append(t1)
             tokens.append((seq, tok))
-            if tok in self.eos_ids and not seq.params.ignore_eos:
+            if (tok in self.eos_ids and not seq.params.ignore_eos) or tok in seq.params.stop_token_ids:
                 self.scheduler.finish(seq, "stop")
             elif len(seq.output_ids) >= seq.params.max_tokens or len(seq) >= self.max_model_len:
                 self.scheduler.finish(seq, "length")

@@ -40,12 +40,28 @@ class RequestParams:
     seed: int | None = None  # None: the engine's shared generator; an int: the request's own stream
     ignore_eos: bool = False  # True: always produce max_tokens (what benchmarks use, like vLLM's ignore_eos)
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most likely alternatives
+    stop_token_ids: frozenset[int] = frozenset()  # vLLM's: finish ("stop") on any of these, ignore_eos or not
+    # what logits_processors applies to the row before the token is chosen
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # vLLM's: EOS and the stop token ids are impossible before this many tokens
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self):
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be at least 0, got {self.logprobs}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def changes_logits(self) -> bool:
+        return bool(self.logit_bias or self.min_tokens or self.repetition_penalty != 1.0 or self.frequency_penalty
+                    or self.presence_penalty)
 
 
 class Status(Enum):

@@ -10,7 +10,8 @@ timings) -> `launch` (`serve`: dtype, KV pool sized from free memory on CUDA, ex
 Routes: POST /v1/completions, POST /v1/chat/completions (stream true/false; SSE chunks ending in
 `data: [DONE]`; stream_options.include_usage; max_tokens / max_completion_tokens, temperature,
 top_p, top_k, min_p, seed, stop, n, echo (completions), logprobs (completions' k; chat's logprobs
-and top_logprobs), user, and vLLM's ignore_eos and return_tokens_as_token_ids), GET /v1/models,
+and top_logprobs), logit_bias, frequency / presence penalties, user, and vLLM's ignore_eos,
+repetition_penalty, min_tokens, stop_token_ids and return_tokens_as_token_ids), GET /v1/models,
 GET /health, GET /metrics, GET /v1/engine/stats (llmlab's own: counters, faults and the recent
 step records, what the tests and labs read), and vLLM's POST /tokenize and /detokenize (what the
 ttft lab's --endpoint uses for prompts of an exact length).

@@ -112,7 +112,17 @@ class Server:
 
     def check_ids(self, ids: list[int], param: str) -> None:
         if any(not 0 <= t < self.vocab for t in ids):
-            raise APIError(400, "token ids out of the vocabulary", param)
+            raise APIError(400, f"{param}: token ids out of the vocabulary (0..{self.vocab - 1})", param)
+
+    def logit_bias(self, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+        """OpenAI's {"token id": bias} -> ((id, bias), ...); 400 for a key that is not a token id here."""
+        out = []
+        for key, value in (bias or {}).items():
+            if not (key.isdigit() and int(key) < self.vocab):
+                raise APIError(400, f"logit_bias keys are token ids of this vocabulary (0..{self.vocab - 1}), "
+                                    f"got {key!r}", "logit_bias")
+            out.append((int(key), value))
+        return tuple(sorted(out))
 
     def params(self, req, n_prompt: int, chat: bool):
         # torch comes with the engine: the server's modules import without it
@@ -123,12 +133,19 @@ class Server:
         if max_tokens is None:  # OpenAI: 16 for completions; chat: what the context leaves, at most 256
             max_tokens = max(1, min(256, self.engine.max_model_len - n_prompt)) if chat else 16
         temperature = 0.0 if req.temperature < GREEDY_BELOW else req.temperature
+        if req.min_tokens and req.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens {req.min_tokens} is more than max_tokens {max_tokens}", "min_tokens")
+        self.check_ids(req.stop_token_ids or [], "stop_token_ids")
         try:
             sampling = SamplingParams(
                 temperature=temperature, top_k=max(req.top_k, 0), top_p=req.top_p, min_p=req.min_p
             )
-            params = RequestParams(max_tokens, sampling, seed=req.seed, ignore_eos=req.ignore_eos,
-                                   logprobs=logprobs_wanted(req))
+            params = RequestParams(
+                max_tokens, sampling, seed=req.seed, ignore_eos=req.ignore_eos, logprobs=logprobs_wanted(req),
+                stop_token_ids=frozenset(req.stop_token_ids or ()), logit_bias=self.logit_bias(req.logit_bias),
+                min_tokens=req.min_tokens or 0, repetition_penalty=req.repetition_penalty or 1.0,
+                frequency_penalty=req.frequency_penalty or 0.0, presence_penalty=req.presence_penalty or 0.0,
+            )
             self.engine.check_request(n_prompt, params)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
@@ -162,7 +179,7 @@ class Server:
         # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone
         for i in range(req.n):
             p = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-            stream = TextStream(self.tokenizer, stops, self.engine.eos_ids)
+            stream = TextStream(self.tokenizer, stops, self.engine.eos_ids | p.stop_token_ids)
             h = Handle(prompt_ids, p, arrival, now_ns(), asyncio.get_running_loop(), count_at_close=bool(stream.stops))
             self.aeng.submit(h)
             lp = None if p.logprobs is None else LogprobsFormatter(

@@ -6,11 +6,12 @@ Rules:
   (temperature [0, 2], top_p (0, 1], penalties [-2, 2]) and torch's seed range (int64).
 - A field OpenAI does not define (and llmlab does not take from vLLM) is refused, as OpenAI
   refuses it ("Unrecognized request argument"): no option is ever ignored silently.
-- An option llmlab cannot honour (logit_bias, penalties, ...) is refused with 400 naming the
-  field, unless it carries its no-op value (penalty 0, logit_bias {}). `n` is served: n sequences
-  of the prompt (choice i sampled with seed + i when a seed is given). Logprobs are served
-  (completions' `logprobs: k`, chat's `logprobs: true` with `top_logprobs: k`, k <= 20), except the
-  prompt's (completions' echo with logprobs: 400).
+- An option llmlab cannot honour (best_of, suffix, tools, response_format) is refused with 400
+  naming the field, unless it carries its no-op value (best_of 1). `n` is served: n sequences of
+  the prompt (choice i sampled with seed + i when a seed is given); so are logit_bias, the
+  frequency, presence and repetition penalties, min_tokens and stop_token_ids (the engine's
+  `logits_processors`), and logprobs (completions' `logprobs: k`, chat's `logprobs: true` with
+  `top_logprobs: k`, k <= 20), except the prompt's (completions' echo with logprobs: 400).
 - The body is capped (413) before it is parsed; JSON nested deeper than Python can parse,
   a lone UTF-16 surrogate or a body that is not an object is a 400.
 - Every error has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
@@ -19,7 +20,7 @@ Rules:
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -64,11 +65,10 @@ class CommonRequest(BaseModel):
     return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:<id>"
     user: str | None = None  # OpenAI's end-user id: metadata, nothing to honour
     n: int = Field(1, ge=1, le=16)  # sequences of the prompt, one choice each
-    # options refused unless at their no-op value (`unsupported` below)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None  # token id (a string) -> bias
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)  # vLLM's
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # vLLM's
     min_tokens: int | None = Field(None, ge=0)  # vLLM's
     stop_token_ids: list[int] | None = None  # vLLM's
 
@@ -123,14 +123,7 @@ class DetokenizeRequest(BaseModel):
 
 def unsupported(req: CommonRequest) -> str | None:
     """The first option set to a value this server cannot honour, or None."""
-    no_op = {
-        "logit_bias": not req.logit_bias,
-        "frequency_penalty": not req.frequency_penalty,
-        "presence_penalty": not req.presence_penalty,
-        "repetition_penalty": req.repetition_penalty in (None, 1.0),
-        "min_tokens": not req.min_tokens,
-        "stop_token_ids": not req.stop_token_ids,
-    }
+    no_op = {}
     if isinstance(req, CompletionRequest):
         no_op.update(best_of=req.best_of in (None, 1), suffix=not req.suffix)
     if isinstance(req, ChatRequest):

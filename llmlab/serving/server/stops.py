@@ -25,8 +25,8 @@ def held_back(text: str, stops: list[str]) -> int:
 
 
 class TextStream:
-    def __init__(self, tokenizer, stops: list[str], eos_ids: set[int]):
-        self.tokenizer, self.eos_ids = tokenizer, eos_ids
+    def __init__(self, tokenizer, stops: list[str], end_ids: set[int]):
+        self.tokenizer, self.end_ids = tokenizer, end_ids  # EOS and stop token ids: not text
         self.stops = [s for s in stops if s]
         self.longest = max((len(s) for s in self.stops), default=0)
         self.ids: list[int] = []
@@ -38,7 +38,7 @@ class TextStream:
     def push(self, tok: int) -> str:
         """The next piece that is safe to send (maybe empty); sets `stopped` when a stop string is complete."""
         self.n_tokens += 1
-        if tok not in self.eos_ids:
+        if tok not in self.end_ids:
             self.ids.append(tok)
         self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         cut = self._find_stop()
