@@ -618,6 +618,21 @@ def test_n_choices_are_n_sequences_choice_i_sampled_with_seed_plus_i(server):
     assert wait_idle(base)["llmlab:num_requests_running"] == 0
 
 
+def test_n_sequences_share_the_prompts_blocks(server):
+    """Choices 1..n-1 start once choice 0's prompt is computed: its full blocks are prefix-cache hits for them."""
+    base, _ = server
+    prompt = list(range(300, 340))  # 40 ids no other test sends: two full blocks
+    body = {"prompt": prompt, "max_tokens": 3, "temperature": 1.0, "seed": 5, "ignore_eos": True, "n": 3}
+    before = metrics(base)
+    r = post(base, "/v1/completions", body).json()
+    after = metrics(base)
+    assert after["llmlab:prefix_cache_hits_total"] - before["llmlab:prefix_cache_hits_total"] == 2 * 32
+    assert after["llmlab:prefix_cache_queries_total"] - before["llmlab:prefix_cache_queries_total"] == 3 * 40
+    alone = post(base, "/v1/completions", {**body, "n": 1, "seed": 7}).json()["choices"][0]["text"]
+    assert r["choices"][2]["text"] == alone and r["usage"]["completion_tokens"] == 9
+    assert wait_idle(base)["llmlab:num_requests_running"] == 0
+
+
 def test_echo_returns_the_prompt_before_the_completion(server):
     base, _ = server
     body = {"prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
@@ -772,8 +787,9 @@ def test_the_pool_on_cuda_is_what_the_served_gpus_free_memory_holds(monkeypatch)
 
 
 def test_an_engine_fault_fails_its_batch_alone_and_the_engine_goes_on():
-    """A step that raises (a sampling error, a bug) fails the requests in that step's batch, is counted, and later
-    requests are served; every torch call runs on the one thread the server hands the engine."""
+    """A step that raises (a sampling error, a bug) fails the requests in that step's batch (and a choice waiting
+    for a failed one's prompt), is counted, and later requests are served; every torch call runs on the one thread
+    the server hands the engine."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -799,26 +815,31 @@ def test_an_engine_fault_fails_its_batch_alone_and_the_engine_goes_on():
     engine.sample = sample
     aeng = AsyncEngine(engine, Metrics("tiny"), pool)
 
-    async def one(prompt):
-        h = Handle(prompt, RequestParams(max_tokens=3, ignore_eos=True), 0, 0, asyncio.get_running_loop())
-        aeng.submit(h)
+    async def drain(h):
         out = []
         while (ev := await h.events.get()) is not None and not isinstance(ev, Fault):
             out.append(ev)
         aeng.close(h, "abort" if isinstance(ev, Fault) else h.seq.finish_reason, len(out))
         return ev, out
 
+    async def one(prompt, followers=0):
+        new = lambda: Handle(prompt, RequestParams(max_tokens=3, ignore_eos=True), 0, 0, asyncio.get_running_loop())  # noqa: E731
+        h = new()
+        h.followers = [new() for _ in range(followers)]
+        aeng.submit(h)
+        return await asyncio.gather(*map(drain, [h, *h.followers]))
+
     async def go():
-        first = await one([5, 6, 7])
-        return first, await one([8, 9, 10])
+        first = await one([5, 6, 7], followers=1)
+        return first, (await one([8, 9, 10]))[0]
 
     aeng.start()
     try:
-        (ev1, _), (ev2, out2) = asyncio.run(go())
+        ((ev1, _), (ev_follower, _)), (ev2, out2) = asyncio.run(go())
     finally:
         aeng.shutdown()
         pool.shutdown()
-    assert isinstance(ev1, Fault) and "NoTokenError" in ev1.message
+    assert isinstance(ev1, Fault) and "NoTokenError" in ev1.message and ev_follower == ev1
     assert ev2 is None and len(out2) == 3  # the next request is served
     assert aeng.num_faults == 1 and "NoTokenError" in aeng.last_fault and threads == {torch_thread}
     assert engine.blocks.num_used == 0 and not engine.has_work()

@@ -176,12 +176,16 @@ class Server:
         params = self.params(req, len(prompt_ids), chat)
         stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         choices = []
-        # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone
+        # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone. The
+        # followers are on choice 0's handle before it is submitted: the engine thread reads them after.
         for i in range(req.n):
             p = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
             stream = TextStream(self.tokenizer, stops, self.engine.eos_ids | p.stop_token_ids)
             h = Handle(prompt_ids, p, arrival, now_ns(), asyncio.get_running_loop(), count_at_close=bool(stream.stops))
-            self.aeng.submit(h)
+            if choices:
+                choices[0].h.followers.append(h)  # added once choice 0's prompt is computed: its blocks are shared
+            else:
+                self.aeng.submit(h)
             lp = None if p.logprobs is None else LogprobsFormatter(
                 self.tokenizer, chat, len(echo), as_ids=req.return_tokens_as_token_ids)
             choices.append(Choice(i, h, stream, lp))
