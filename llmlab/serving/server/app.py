@@ -176,19 +176,18 @@ class Server:
         params = self.params(req, len(prompt_ids), chat)
         stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         choices = []
-        # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone. The
-        # followers are on choice 0's handle before it is submitted: the engine thread reads them after.
+        # n sequences of one prompt, each a choice; a seed makes choice i what seed + i gives alone
         for i in range(req.n):
             p = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=params.seed + i)
             stream = TextStream(self.tokenizer, stops, self.engine.eos_ids | p.stop_token_ids)
             h = Handle(prompt_ids, p, arrival, now_ns(), asyncio.get_running_loop(), count_at_close=bool(stream.stops))
-            if choices:
-                choices[0].h.followers.append(h)  # added once choice 0's prompt is computed: its blocks are shared
-            else:
-                self.aeng.submit(h)
             lp = None if p.logprobs is None else LogprobsFormatter(
                 self.tokenizer, chat, len(echo), as_ids=req.return_tokens_as_token_ids)
             choices.append(Choice(i, h, stream, lp))
+        # choices 1..n-1 are added once choice 0's prompt is computed (its blocks shared through the prefix
+        # cache); they are on its handle before it is submitted, as the engine thread reads them after
+        choices[0].h.followers = [c.h for c in choices[1:]]
+        self.aeng.submit(choices[0].h)
         call = Call(self, choices, req, chat, echo)
         return sse_response(call) if req.stream else await call.whole(request)
 
