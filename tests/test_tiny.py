@@ -8,7 +8,7 @@ import json
 import pytest
 
 from llmlab.core.models import builtin_path
-from llmlab.tiny import card, corpus, evaluate, train
+from llmlab.tiny import card, copying, corpus, evaluate, train
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +69,10 @@ def test_budget_resizes_to_what_fits():
 def test_minutes_run_resizes_and_reproduces_by_steps(tmp_path):
     cfg = dataclasses.replace(train.TrainConfig.micro(), draft_steps=3, target_steps=1)
     data = train.build_data(cfg)
-    _, timed = train.train_target(cfg, data, budget_s=2.0)
-    _, fixed = train.train_target(dataclasses.replace(cfg, target_steps=len(timed)), data)
+    copying: dict = {}
+    _, timed = train.train_target(cfg, data, budget_s=2.0, copying=copying)
+    fixed_cfg = dataclasses.replace(cfg, target_steps=len(timed), copy_steps=copying["steps"])
+    _, fixed = train.train_target(fixed_cfg, data)
     assert len(timed) >= 5 * cfg.warmup_steps and fixed == timed
 
 
@@ -81,7 +83,8 @@ def test_micro_training_loss_falls(tmp_path):
     first, last = report.target_losses[:5], report.target_losses[-5:]
     assert sum(last) / 5 < sum(first) / 5 - 0.2
     assert report.draft_losses[-1] < report.draft_losses[0]
-    assert len(seen) == cfg.target_steps + cfg.draft_steps
+    assert len(seen) == report.copying["steps"] + cfg.target_steps + cfg.draft_steps
+    assert [a[0] for a in seen[:report.copying["steps"]]] == ["copy"] * report.copying["steps"]
     assert (tmp_path / "tiny" / "model.safetensors").is_file() and (
         tmp_path / "tiny-draft" / "tokenizer.json"
     ).is_file()
@@ -104,7 +107,57 @@ def test_copy_probe_is_logged_and_changes_no_step():
     assert probed == plain  # the probe reads no training data and draws from its own generator
     assert [step for step, _ in probes] == [5, 10, 12]  # every 5 steps and after the last
     assert all(0.0 <= share <= 1.0 for _, share in probes)
-    assert [a[4] for a in seen if a[4] is not None] == [share for _, share in probes]
+    assert [a[4] for a in seen if a[0] == "target" and a[4] is not None] == [share for _, share in probes]
+
+
+def test_pair_windows_repeat_each_span_and_mask_its_second_reading():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for window in (32, 256):
+        x, mask = copying.pair_windows(window, 1024, 512, g)
+        assert x.shape == mask.shape == (1024 // window, window + 1)
+        assert int(x.min()) >= 1 and int(x.max()) < 512  # random ids, never end-of-text
+        for row, keep in zip(x, mask, strict=True):
+            runs, start = [], None
+            for i, on in enumerate(keep.tolist() + [False]):
+                if on and start is None:
+                    start = i
+                elif not on and start is not None:
+                    runs.append((start, i - 1))
+                    start = None
+            assert runs  # every window holds at least one pair
+            for a, b in runs:  # masked a..b: the second reading but its first token, a - 1 .. b
+                n = b - a + 2
+                assert 4 <= n <= copying.span_max(window)
+                assert torch.equal(row[a - 1:b + 1], row[a - 1 - n:b + 1 - n])
+
+
+def test_copy_phase_unlocks_levels_and_stops_at_its_goal():
+    import torch
+
+    cfg = dataclasses.replace(train.TrainConfig.micro(), copy_max_steps=40)
+
+    def run(share, **kw):
+        c = dataclasses.replace(cfg, **kw)
+        model = train.new_model(c.target, c.vocab_size, 0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return copying.copy_phase(model, c, opt, probe=lambda m, v, span: share)
+
+    passing = run(1.0)  # promoted at the first probe, done at the second
+    assert passing["steps"] == 8 and [p[1] for p in passing["probes"]] == [16, 32] and passing["level"] == 32
+    failing = run(0.0)  # never promoted: the cap ends it
+    assert failing["steps"] == 40 and {p[1] for p in failing["probes"]} == {16}
+    fixed = run(1.0, copy_steps=12)  # a reproduction runs exactly its count
+    assert fixed["steps"] == 12 and len(fixed["losses"]) == 12
+    assert run(1.0, copy_steps=0)["steps"] == 0
+
+
+def test_text_phase_keeps_every_nth_batch_for_pairs():
+    cfg = train.TrainConfig.micro()
+    got = list(zip(range(12), copying.with_pairs(iter(range(100)), cfg), strict=False))
+    kinds = [isinstance(b, tuple) for _, b in got]
+    assert kinds == [(i + 1) % cfg.copy_maintain_every == 0 for i in range(12)]
 
 
 def test_target_beats_draft_on_heldout(pair, heldout):

@@ -233,6 +233,10 @@ def tiny_train(
         min=1, help="Steps for tiny (default: the shipped run's).", show_default=False)] = None,
     draft_steps: Annotated[Optional[int], typer.Option(
         min=1, help="Distillation steps for tiny-draft (default: the shipped run's).", show_default=False)] = None,
+    copy_steps: Annotated[Optional[int], typer.Option(
+        min=0, help="Steps of the copying phase on random ids, before text (default: until the copy probe reaches "
+                    "its goal; 0 skips it). The model card's reproduce line gives the count of its run.",
+        show_default=False)] = None,
     seed: SeedOpt = 0,
     threads: Annotated[Optional[int], typer.Option(
         min=1, help="torch threads (default: torch's).", show_default=False)] = None,
@@ -244,7 +248,7 @@ def tiny_train(
     from llmlab.tiny.train import TrainConfig
 
     base = TrainConfig.micro() if micro else TrainConfig()
-    given = dict(target_steps=target_steps, draft_steps=draft_steps, threads=threads)
+    given = dict(target_steps=target_steps, draft_steps=draft_steps, threads=threads, copy_steps=copy_steps)
     cfg = dataclasses.replace(base, seed=seed, minutes=minutes, **{k: v for k, v in given.items() if v is not None})
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=err)
@@ -252,7 +256,8 @@ def tiny_train(
 
     def on_step(phase: str, step: int, total: int, loss: float, copy: float | None = None) -> None:
         if phase not in tasks:
-            label = "tiny (cross-entropy)" if phase == "target" else "tiny-draft (KL to tiny)"
+            label = {"copy": "tiny (copying, random ids)", "target": "tiny (cross-entropy)"}.get(
+                phase, "tiny-draft (KL to tiny)")
             tasks[phase] = progress.add_task(label, total=total, loss="-")
         progress.update(tasks[phase], completed=step, total=total, loss=f"{loss:.3f}")
         if copy is not None:  # the induction-head probe: say it whether or not the output is a terminal

@@ -232,12 +232,35 @@ def _training_lines(payload: dict) -> list[str]:
         f"- `tiny-draft`: {report['draft_steps']} steps of distillation (KL(target || draft), "
         f"T = {cfg['distill_temperature']}) at peak LR {cfg['draft_lr']} in {report['draft_seconds'] / 60:.1f} min; "
         f"final KL {payload['final_train_kl_draft']:.3f} nats/token.",
+        *_copying_lines(cfg, report),
         *_curriculum_lines(cfg, report),
         *_probe_lines(report),
-        f"- Reproduce: `llmlab tiny train --out DIR --target-steps {report['target_steps']} "
+        f"- Reproduce: `llmlab tiny train --out DIR{_copy_steps_flag(cfg)} --target-steps {report['target_steps']} "
         f"--draft-steps {report['draft_steps']} --threads {cfg['threads'] or 1}` (seed {cfg['seed']}; same Python "
         f"and torch for the same bits).",
         "",
+    ]
+
+
+def _copy_steps_flag(cfg: dict) -> str:
+    return f" --copy-steps {cfg['copy_steps']}" if cfg.get("copy_steps") is not None else ""
+
+
+def _copying_lines(cfg: dict, report: dict) -> list[str]:
+    """The copying phase (llmlab/tiny/copying.py), for runs that had one."""
+    rec = report.get("copying") or {}
+    if not rec.get("steps"):
+        return []
+    probes = rec["probes"]
+    shown = probes[:: max(1, math.ceil(len(probes) / 10))]
+    shown += [] if not probes or shown[-1] == probes[-1] else [probes[-1]]
+    curve = ", ".join(f"{step}: {share:.2f} ({span} of {window})" for step, window, span, share in shown)
+    return [
+        f"- Copying phase first: {rec['steps']:,} steps of {cfg['copy_tokens']:,} random-id tokens at LR "
+        f"{cfg['copy_lr']} in {rec['seconds'] / 60:.1f} min, windows tiled with repeated pairs, the loss on",
+        f"  the second readings, window lengths {', '.join(str(w) for w, _ in cfg['copy_levels'])} unlocked as the "
+        f"copy probe passed {cfg['copy_promote']:.0%}; then every {cfg['copy_maintain_every']}th text-phase step "
+        f"is such a batch. Probe (step: share of the second reading predicted (span of window)): {curve}.",
     ]
 
 

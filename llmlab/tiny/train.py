@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmlab.tiny.copying import copy_phase, masked_ce, with_pairs
 from llmlab.tiny.corpus import Corpus, build_corpus, topic_documents
 from llmlab.tiny.tokenizer import VOCAB_SIZE, encode_documents, save_tokenizer, train_tokenizer
 
@@ -89,7 +90,7 @@ class TrainConfig:
     vocab_size: int = VOCAB_SIZE  # see tokenizer.py
     corpus: str = "full"  # "full" (topics + docstrings + source) or "topics" (fast, for tests)
     seq_len: int = 512  # the lookup labs' prompts are ~330 tokens: train on positions past them
-    batch_size: int = 8  # 4 K tokens a step: ~2.5 s on one thread, so ~1,500 steps fit in an hour
+    batch_size: int = 4  # 2 K tokens a step: ~1.2 s on one thread (the text phase that kept the copying head)
     # The copying curriculum. A real corpus teaches copying (induction heads) through repetition at
     # a scale one CPU thread cannot train on, so a stated share of windows carries it explicitly:
     # span_share of windows repeat one of their own real-text spans later in the window (what a
@@ -101,7 +102,7 @@ class TrainConfig:
     random_share: float = 0.10
     repeat_min: int = 32
     repeat_max: int = 128
-    target_lr: float = 3e-3  # tiny models tolerate (and need) a high LR with warm-up
+    target_lr: float = 2e-3  # tiny models tolerate (and need) a high LR with warm-up; 2e-3 kept the copying head
     draft_lr: float = 3e-3
     # WSD: warmup_steps of linear warm-up keep the first high-LR steps stable (a fixed count, so the
     # LR before the decay never depends on the total), then the peak, then a cosine decay over the
@@ -125,6 +126,21 @@ class TrainConfig:
     # draws from its own generator: the run's steps are the same with or without it.
     probe_every: int = 100
     probe_passages: int = 8
+    # The copying phase (copying.py), before any text: windows of random ids tiled with repeated pairs, the
+    # loss on the second readings; copy_levels are (window length, probe span) unlocked one by one when the
+    # probe of the current level reaches copy_promote, until the last level's reaches copy_goal (or
+    # copy_max_steps; copy_steps fixes the count, as a reproduction does; 0 skips the phase). Then in the
+    # text phase every copy_maintain_every-th batch is a pair batch of the last level.
+    copy_levels: tuple = ((32, 12), (64, 12), (128, 32), (256, 64))
+    copy_tokens: int = 1024  # tokens a step: B = copy_tokens // window
+    copy_lr: float = 2e-3
+    copy_promote: float = 0.5
+    copy_goal: float = 0.85
+    copy_probe_every: int = 100
+    copy_max_steps: int = 12_000
+    copy_steps: int | None = None
+    copy_budget_share: float = 0.6  # of a --minutes target budget, at most, for the copying phase
+    copy_maintain_every: int = 4
 
     @classmethod
     def micro(cls) -> TrainConfig:
@@ -132,7 +148,8 @@ class TrainConfig:
         tiny = Arch(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=1)
         return cls(target=tiny, draft=tiny, vocab_size=512, corpus="topics", seq_len=32, batch_size=8,
                    repeat_min=4, repeat_max=12, target_steps=30, draft_steps=10, eval_tokens=2048, warmup_steps=3,
-                   resize_every=5)
+                   resize_every=5, copy_levels=((16, 4), (32, 8)), copy_tokens=128, copy_probe_every=4,
+                   copy_max_steps=8)
 
 
 @dataclass
@@ -247,8 +264,11 @@ def _optimizer(model, lr: float, cfg: TrainConfig):
 
 
 def _ce_step(model, batch):
+    """Cross-entropy on a text batch (B, T + 1), or on the masked targets of a pair batch (x, mask)."""
     import torch.nn.functional as F
 
+    if isinstance(batch, tuple):
+        return masked_ce(model, *batch)
     logits = model(input_ids=batch[:, :-1]).logits  # (B, T, V)
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
@@ -340,16 +360,25 @@ def _seconds_per_step(model, step_fn, cfg: TrainConfig, data_iter) -> float:
 
 
 def train_target(cfg: TrainConfig, data: Data, on_step: OnStep | None = None, budget_s: float | None = None,
-                 probes: list | None = None):
-    """budget_s (with cfg.minutes): seconds for this phase; steps sized from a trial step, re-sized after warm-up.
-    probes: a list the copy probe's (step, share) go into (see TrainConfig.probe_every)."""
+                 probes: list | None = None, copying: dict | None = None):
+    """The copying phase (copying.copy_phase), then text (the curriculum, with pair batches kept in).
+    budget_s (with cfg.minutes): seconds for both; the copying phase takes at most copy_budget_share of them,
+    the text phase's steps are sized from a trial step and re-sized after warm-up. probes: a list the text
+    phase's copy probe (step, share) goes into (see TrainConfig.probe_every); copying: a dict the copying
+    phase's record goes into."""
     model = new_model(cfg.target, cfg.vocab_size, cfg.seed)
+    t0 = time.perf_counter()
+    record = copy_phase(model, cfg, _optimizer(model, cfg.copy_lr, cfg), on_step,
+                        budget_s and budget_s * cfg.copy_budget_share)
+    if copying is not None:
+        copying.update(record)
     steps = cfg.target_steps
-    if budget_s is not None:
+    text_budget = budget_s and max(60.0, budget_s - (time.perf_counter() - t0))
+    if text_budget is not None:
         sec = _seconds_per_step(model, _ce_step, cfg, batches(data.train_ids, cfg, cfg.seed + 100))
-        steps = max(5 * cfg.warmup_steps, int(budget_s / sec))  # a full warm-up from the first step
+        steps = max(5 * cfg.warmup_steps, int(text_budget / sec))  # a full warm-up from the first step
     losses = _run(model, lambda b: _ce_step(model, b), steps, cfg.target_lr, cfg,
-                  batches(data.train_ids, cfg, cfg.seed), "target", on_step, budget_s, probes)
+                  with_pairs(batches(data.train_ids, cfg, cfg.seed), cfg), "target", on_step, text_budget, probes)
     return model, losses
 
 
@@ -391,6 +420,7 @@ class TrainReport:
     train_bytes: int
     heldout_bytes: int
     target_copy_probe: list = field(default_factory=list)  # (step, share of a random passage's second reading)
+    copying: dict = field(default_factory=dict)  # the copying phase: copying.copy_phase's record
     extra: dict = field(default_factory=dict)
 
 
@@ -405,15 +435,17 @@ def train_pair(cfg: TrainConfig, out: Path, on_step: OnStep | None = None) -> tu
     budget = cfg.minutes * 60 if cfg.minutes is not None else None
     t0 = time.perf_counter()
     probes: list = []
-    target, t_losses = train_target(cfg, data, on_step, budget and budget * cfg.target_share, probes)
+    copying: dict = {}
+    target, t_losses = train_target(cfg, data, on_step, budget and budget * cfg.target_share, probes, copying)
     t1 = time.perf_counter()
     save_model(target, data.tokenizer, out / "tiny")
     # the draft gets what the target left of the budget (a slow target phase shortens it, not the deadline)
     draft, d_losses = distill_draft(cfg, data, target, on_step, budget and max(60.0, budget - (t1 - t0)))
     t2 = time.perf_counter()
     save_model(draft, data.tokenizer, out / "tiny-draft")
-    cfg_dict = asdict(replace(cfg, target_steps=len(t_losses), draft_steps=len(d_losses), minutes=None))
+    cfg_dict = asdict(replace(cfg, target_steps=len(t_losses), draft_steps=len(d_losses), minutes=None,
+                              copy_steps=copying["steps"]))
     report = TrainReport(cfg_dict, len(t_losses), len(d_losses), t_losses, d_losses, t1 - t0, t2 - t1,
                          data.corpus_sha256, len(data.train_ids), len(data.heldout_ids),
-                         data.train_bytes, data.heldout_bytes, probes)
+                         data.train_bytes, data.heldout_bytes, probes, copying=copying)
     return report, data
