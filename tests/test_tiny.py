@@ -298,3 +298,12 @@ def test_goal_rows_judge_nested_metrics():
     rows = {r["metric"]: r for r in evaluate.goal_rows({"loss_target": 4.9, "agreement": {"agreement": 0.8}})}
     assert rows["loss_target"]["held"] is False and rows["agreement.agreement"]["held"] is True
     assert set(rows) == {"loss_target", "agreement.agreement"}  # goals not measured are left out
+
+
+def test_tiny_train_cli_states_the_copying_phase_in_the_card(tmp_path):
+    _cli("tiny", "train", "--micro", "--out", str(tmp_path), "--threads", "1")
+    text = (tmp_path / "MODEL_CARD.md").read_text()
+    report = json.loads((tmp_path / "metrics.json").read_text())["report"]
+    steps = report["copying"]["steps"]
+    assert 0 < steps <= train.TrainConfig.micro().copy_max_steps
+    assert "Copying phase first" in text and f"--copy-steps {steps} --target-steps 30" in text
