@@ -180,9 +180,26 @@ def test_model_card_numbers_hold():
     m = json.loads((card.WEIGHTS / "metrics.json").read_text())["metrics"]
     assert m["loss_target"] < m["loss_draft"] < m["loss_unigram"]
     assert m["agreement"]["agreement"] >= 0.55
-    assert m["c_ratio"] <= 0.25
+    assert m["c_ratio"] == pytest.approx(m["decode_draft"]["median_ms"] / m["decode_target"]["median_ms"])
     text = (card.WEIGHTS / "MODEL_CARD.md").read_text()
     assert f"{m['agreement']['agreement']:.3f}" in text and f"{m['loss_target']:.3f}" in text
+    for row in evaluate.goal_rows(m):  # every goal is in the card's table with its verdict, held or not
+        value = f"{row['value']:.3f}" if isinstance(row["value"], float) else row["value"]
+        assert f"| {row['metric']} | {value} | {row['goal']} | {'held' if row['held'] else '**missed**'} |" in text
+
+
+def test_decode_timing_is_one_forward_per_token_of_each_model():
+    import torch
+
+    cfg = train.TrainConfig.micro()
+    models = {"a": train.new_model(cfg.target, cfg.vocab_size, 0), "b": train.new_model(cfg.draft, cfg.vocab_size, 1)}
+    calls = {name: 0 for name in models}
+    for name, model in models.items():
+        model.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    timing = evaluate.decode_ms_per_token(models, torch.tensor([[1, 2, 3]]), new_tokens=5, repeats=3)
+    assert calls == {"a": 9 + 3 * 6, "b": 9 + 3 * 6}  # warm-up: prefill + 8 steps; each repeat: prefill + 5 steps
+    for t in timing.values():
+        assert 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"] and (t["new_tokens"], t["repeats"]) == (5, 3)
 
 
 def _has_repeat(window, length: int) -> bool:
