@@ -152,14 +152,19 @@ def render_card(out: Path) -> None:
     m = payload["metrics"]
     lines = [*_header_lines(payload), *_architecture_lines(payload), *_data_lines(payload),
              *_training_lines(payload), *_quality_lines(m), *_decode_lines(payload),
-             *_goal_lines(m), *_copy_lines(m), *_loop_lines(m), *_sample_lines(m), *_LIMITS]
+             *_goal_lines(m), *_copy_lines(m), *_loop_lines(m), *_sample_lines(m), *_limit_lines(payload)]
     (out / "MODEL_CARD.md").write_text("\n".join(lines))
 
 
-_LIMITS = ["", "## Limits", "",
-           "Trained for about an hour on one CPU thread: it continues Python-documentation-like text and code,",
-           "it does not follow instructions, and greedy text can still repeat itself on prompts other than the",
-           "loop check's. Use it to measure inference, never to judge answers.", ""]
+def _limit_lines(payload: dict) -> list[str]:
+    report = payload["report"]
+    minutes = (report["target_seconds"] + report["draft_seconds"]) / 60
+    threads = report["config"]["threads"]
+    on = f"{threads} CPU thread{'s' if threads > 1 else ''}" if threads else "all CPU threads"
+    return ["", "## Limits", "",
+            f"Trained for {minutes:.0f} minutes on {on}: it continues Python-documentation-like",
+            "text and code, it does not follow instructions, and greedy text can still repeat itself on prompts other",
+            "than the loop check's. Use it to measure inference, never to judge answers.", ""]
 
 
 def _header_lines(payload: dict) -> list[str]:
@@ -223,9 +228,8 @@ def _training_lines(payload: dict) -> list[str]:
         "## Training",
         "",
         f"- Seed {cfg['seed']}, windows of {cfg['seq_len']} tokens, batch {cfg['batch_size']}, AdamW (0.9, 0.95), "
-        f"weight decay {cfg['weight_decay']}, {cfg.get('warmup_steps', 'n/a')} steps of linear warm-up, the peak, "
-        f"then cosine to {int(cfg['min_lr_frac'] * 100)} % over the last {cfg.get('decay_frac', 1):.0%} of the "
-        f"steps (WSD), gradient clip {cfg['grad_clip']}, torch threads {cfg['threads'] or 'default'}.",
+        f"weight decay {cfg['weight_decay']}, {_schedule(cfg)}, "
+        f"gradient clip {cfg['grad_clip']}, torch threads {cfg['threads'] or 'default'}.",
         f"- `tiny`: {report['target_steps']} steps at peak LR {cfg['target_lr']} in "
         f"{report['target_seconds'] / 60:.1f} min; "
         f"train loss (mean of the last 20 steps) {payload['final_train_loss_target']:.3f}.",
@@ -240,6 +244,15 @@ def _training_lines(payload: dict) -> list[str]:
         f"and torch for the same bits).",
         "",
     ]
+
+
+def _schedule(cfg: dict) -> str:
+    """The LR schedule in words; configs from before the WSD schedule name a warm-up fraction instead."""
+    floor = f"{int(cfg['min_lr_frac'] * 100)} %"
+    if "warmup_steps" not in cfg:
+        return f"linear warm-up over the first {cfg.get('warmup_frac', 0):.0%} of the steps, then cosine to {floor}"
+    return (f"{cfg['warmup_steps']} steps of linear warm-up, the peak, then cosine to {floor} over the last "
+            f"{cfg.get('decay_frac', 1):.0%} of the steps (WSD)")
 
 
 def _copy_steps_flag(cfg: dict) -> str:
@@ -316,7 +329,6 @@ def _decode_lines(payload: dict) -> list[str]:
         f"- cost ratio c = {m['c_ratio']:.3f}; with agreement a = {a['agreement']:.2f} and k = 4 drafted tokens, "
         f"Leviathan et al. predict (1 - a^5) / ((1 - a)(4c + 1)) = {m['expected_speedup_k4']:.2f}x.",
         "",
-        *[line for line in [payload.get("timing_note")] if line],
         "Timings depend on the machine and on what else runs on it; re-measure with `llmlab tiny eval`.",
         "",
     ]
